@@ -1,0 +1,10 @@
+"""ConvS2S (Gehring et al., 2017) for fairseq, loaded with ``--user-dir fairseq_convs2s_ext``.
+
+Importing the package registers the ``convs2s`` model and its architectures with fairseq,
+and allows fairseq's checkpoints to load under torch's safe ``weights_only`` unpickler.
+"""
+from .checkpoint_safety import allow_fairseq_checkpoints
+
+allow_fairseq_checkpoints()
+
+from . import models  # noqa: E402  (registers with fairseq)

@@ -1,0 +1,68 @@
+"""The ConvS2S decoder (sections 3.1 to 3.3)."""
+import torch.nn as nn
+from fairseq.models import FairseqIncrementalDecoder
+from fairseq.modules import FairseqDropout
+
+from ..modules import GLUConvolution, Linear, MultiStepAttention, WordPositionEmbedding, scaled_sum
+
+
+class ConvS2SDecoder(FairseqIncrementalDecoder):
+    """Embeddings g of the previous target elements, a linear map to the first block's width,
+    blocks of causal GLU convolutions each with an optional attention (table 5) and a
+    residual connection, then linear maps to the output embedding size and to the
+    vocabulary: p(y_{i+1} | y_1..y_i, x) = softmax(W_o h_i^L + b_o).
+
+    Incremental decoding keeps the last k inputs of every convolution, so a step costs the
+    same whatever the length of the prefix. The attention returned for generation is the
+    average over the layers that have one.
+    """
+
+    def __init__(self, dictionary, embed_dim, layers, attention, out_embed_dim, dropout, max_positions,
+                 share_input_output_embed=False):
+        super().__init__(dictionary)
+        padding_idx = dictionary.pad()
+        self.embed = WordPositionEmbedding(len(dictionary), embed_dim, padding_idx, max_positions, dropout)
+        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
+        channels = layers[0][0]
+        self.fc1 = Linear(embed_dim, channels, dropout=dropout)
+        self.residual_projections = nn.ModuleList()
+        self.convolutions = nn.ModuleList()
+        self.attention = nn.ModuleList()
+        for (out_channels, kernel_width), attends in zip(layers, attention):
+            self.residual_projections.append(nn.Identity() if out_channels == channels else Linear(channels, out_channels))
+            self.convolutions.append(GLUConvolution(channels, out_channels, kernel_width, dropout, causal=True))
+            self.attention.append(MultiStepAttention(out_channels, embed_dim) if attends else None)
+            channels = out_channels
+        self.num_attention_layers = sum(attention)
+        self.fc2 = Linear(channels, out_embed_dim)
+        if share_input_output_embed:
+            if out_embed_dim != embed_dim:
+                raise ValueError(
+                    f"--share-input-output-embed needs --decoder-out-embed-dim ({out_embed_dim}) "
+                    f"equal to --decoder-embed-dim ({embed_dim})"
+                )
+            self.fc3 = nn.Linear(out_embed_dim, len(dictionary))
+            nn.init.zeros_(self.fc3.bias)
+            self.fc3.weight = self.embed.tokens.weight
+        else:
+            self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
+
+    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, **unused):
+        """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}."""
+        g = self.embed(prev_output_tokens, incremental_state)
+        x = self.fc1(g)
+        attention_sum = None
+        for residual_projection, convolution, attention in zip(
+            self.residual_projections, self.convolutions, self.attention
+        ):
+            residual = residual_projection(x)
+            x = convolution(self.dropout(x), incremental_state)
+            if attention is not None:
+                x, a = attention(x, g, encoder_out)
+                attention_sum = a if attention_sum is None else attention_sum + a
+            x = scaled_sum(x, residual)
+        logits = self.fc3(self.dropout(self.fc2(x)))
+        return logits, {"attn": [attention_sum / self.num_attention_layers]}
+
+    def max_positions(self):
+        return self.embed.max_positions

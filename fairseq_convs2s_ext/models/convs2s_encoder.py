@@ -1,0 +1,62 @@
+"""The ConvS2S encoder (sections 3.1, 3.2, 3.4)."""
+import torch.nn as nn
+from fairseq.models import FairseqEncoder
+from fairseq.modules import FairseqDropout, GradMultiply
+
+from ..modules import GLUConvolution, Linear, WordPositionEmbedding, scaled_sum
+
+
+class ConvS2SEncoder(FairseqEncoder):
+    """Embeddings e, a linear map to the first block's width, blocks of GLU convolutions with
+    residual connections, and a linear map back to the embedding size giving z.
+
+    Padding positions are zeroed before every convolution, so a sentence is encoded the same
+    alone and in a padded batch. The gradient reaching the encoder through z is divided by
+    the number of attention layers that read it (section 3.4), while the source embedding
+    added to form the values z + e keeps its full gradient, as the paper says. fconv divides
+    by twice that number (it counts keys and values as two uses); we follow the paper.
+    """
+
+    def __init__(self, dictionary, embed_dim, layers, dropout, max_positions, num_attention_layers):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.embed = WordPositionEmbedding(len(dictionary), embed_dim, self.padding_idx, max_positions, dropout)
+        self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
+        self.gradient_scale = 1.0 / num_attention_layers
+        channels = layers[0][0]
+        self.fc1 = Linear(embed_dim, channels, dropout=dropout)
+        self.residual_projections = nn.ModuleList()
+        self.convolutions = nn.ModuleList()
+        for out_channels, kernel_width in layers:
+            self.residual_projections.append(nn.Identity() if out_channels == channels else Linear(channels, out_channels))
+            self.convolutions.append(GLUConvolution(channels, out_channels, kernel_width, dropout))
+            channels = out_channels
+        self.fc2 = Linear(channels, embed_dim)
+
+    def forward(self, src_tokens, src_lengths=None):
+        """src_tokens: B x S. Returns keys z and values (z + e) * sqrt(0.5), both B x S x embed_dim."""
+        e = self.embed(src_tokens)
+        padding_mask = src_tokens.eq(self.padding_idx)
+        if not padding_mask.any():
+            padding_mask = None
+        x = self.fc1(e)
+        for residual_projection, convolution in zip(self.residual_projections, self.convolutions):
+            residual = residual_projection(x)
+            if padding_mask is not None:
+                x = x.masked_fill(padding_mask.unsqueeze(-1), 0)
+            x = scaled_sum(convolution(self.dropout(x)), residual)
+        z = self.fc2(x)
+        if padding_mask is not None:
+            z = z.masked_fill(padding_mask.unsqueeze(-1), 0)
+        z = GradMultiply.apply(z, self.gradient_scale)
+        return {"encoder_out": (z, scaled_sum(z, e)), "encoder_padding_mask": padding_mask}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        mask = encoder_out["encoder_padding_mask"]
+        return {
+            "encoder_out": tuple(t.index_select(0, new_order) for t in encoder_out["encoder_out"]),
+            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
+        }
+
+    def max_positions(self):
+        return self.embed.max_positions

@@ -1,0 +1,73 @@
+"""A convolution followed by a gated linear unit (section 3.2).
+
+The paper writes the convolution as a linear map of the concatenated window of k inputs,
+W in R^{2d x kd}, and so does this module: the weight is stored in that linearized form,
+training applies it to every window at once, and incremental decoding applies it to a
+buffer of the last k inputs. No weight is ever reshaped, so nothing needs re-deriving per
+step (fairseq's ``LinearizedConvolution`` lost its cache of the reshaped weight, issue 3838).
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch.nn.utils import parametrize
+
+from .initialization import Linear
+
+
+@with_incremental_state
+class GLUConvolution(nn.Module):
+    """v(W [X_{i-k/2} .. X_{i+k/2}] + b_w) with v([A B]) = A * sigmoid(B).
+
+    Inputs and outputs are B x T x C. Encoder convolutions pad (k-1)//2 on the left and
+    k//2 on the right, so outputs line up with inputs for odd and even k. Causal
+    (decoder) convolutions pad k-1 on the left only: output i sees inputs i-k+1 .. i,
+    which is the paper's "pad k-1 on both sides and remove k-1 outputs at the end".
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_width, dropout=0.0, causal=False):
+        super().__init__()
+        self.in_channels = in_channels
+        self.kernel_width = kernel_width
+        self.causal = causal
+        self.padding = (kernel_width - 1, 0) if causal else ((kernel_width - 1) // 2, kernel_width // 2)
+        self.linear = Linear(kernel_width * in_channels, 2 * out_channels, dropout=dropout, glu=True)
+        self._cached_weight = None
+        self._cached_weight_key = None
+
+    def forward(self, x, incremental_state=None):
+        if incremental_state is not None:
+            return self._step(x, incremental_state)
+        k, length = self.kernel_width, x.size(1)
+        if k > 1:
+            x = F.pad(x, (0, 0) + self.padding)
+            x = torch.cat([x[:, j : j + length] for j in range(k)], dim=-1)
+        return F.glu(self.linear(x), dim=-1)
+
+    def _step(self, x, incremental_state):
+        """One causal step: x is B x 1 x C; the last k inputs are kept in a buffer."""
+        assert self.causal, "incremental decoding needs a causal convolution"
+        k = self.kernel_width
+        if k > 1:
+            window = self.get_incremental_state(incremental_state, "window")
+            if window is None:
+                window = x.new_zeros(x.size(0), k, self.in_channels)
+            window = torch.cat([window[:, 1:], x], dim=1)
+            self.set_incremental_state(incremental_state, "window", window)
+            x = window.view(x.size(0), 1, k * self.in_channels)
+        return F.glu(F.linear(x, self._inference_weight(), self.linear.bias), dim=-1)
+
+    def _inference_weight(self):
+        """The weight, recomputed from weight normalization's g and v only when they change."""
+        if not parametrize.is_parametrized(self.linear) or torch.is_grad_enabled():
+            return self.linear.weight
+        originals = self.linear.parametrizations.weight
+        key = tuple((p._version, p.data_ptr(), p.dtype) for p in (originals.original0, originals.original1))
+        if key != self._cached_weight_key:
+            self._cached_weight, self._cached_weight_key = self.linear.weight, key
+        return self._cached_weight
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        window = self.get_incremental_state(incremental_state, "window")
+        if window is not None:
+            self.set_incremental_state(incremental_state, "window", window.index_select(0, new_order))
