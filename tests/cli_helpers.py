@@ -1,0 +1,30 @@
+"""Run fairseq's real command-line tools from the test virtual environment."""
+import re
+import subprocess
+
+from conftest import BIN, ROOT
+
+
+def run(tool, *args, cwd=ROOT, check=True, input=None):
+    """Run `tool` (a fairseq-* or convs2s-* command); return its combined output."""
+    proc = subprocess.run(
+        [str(BIN / tool), *map(str, args)], cwd=cwd, input=input, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
+    return proc.stdout if check else proc
+
+
+def valid_losses(log):
+    """The validation loss after each epoch, as fairseq-train prints it."""
+    return [float(x) for x in re.findall(r"\| valid on 'valid' subset \| loss ([\d.]+)", log)]
+
+
+def hypotheses(log):
+    """{sentence id: hypothesis} from fairseq-generate output."""
+    return {int(m[0]): m[1] for m in re.findall(r"^H-(\d+)\t\S+\t(.*)$", log, flags=re.M)}
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -1,0 +1,101 @@
+"""The model end to end through fairseq's own commands on real text (Multi30k en-de)."""
+import re
+import subprocess
+
+import pytest
+
+from cli_helpers import hypotheses, run, valid_losses, write_lines
+from conftest import BIN, ROOT
+
+TRAIN_LINES, VALID_LINES, TEST_LINES = 3000, 200, 101  # 101: not a multiple of fairseq's batch multiple 8
+MAX_POSITIONS = 40
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory, data_dir):
+    """Multi30k en-de, whitespace-split, binarized by fairseq-preprocess with a joint dictionary."""
+    work = tmp_path_factory.mktemp("multi30k")
+    splits = {"train": ("train", TRAIN_LINES), "valid": ("val", VALID_LINES), "test": ("test_2016_flickr", TEST_LINES)}
+    for split, (name, count) in splits.items():
+        for lang in ("en", "de"):
+            lines = (data_dir / "multi30k" / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            write_lines(work / f"{split}.{lang}", lines)
+    # A sentence longer than the model's positions, beside a normal one.
+    long_en = " ".join(["a dog runs"] * 20)
+    write_lines(work / "long.en", ["a dog runs .", long_en])
+    write_lines(work / "long.de", ["ein hund rennt .", "ein hund rennt ."])
+    run("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+        "--trainpref", work / "train", "--validpref", work / "valid", "--testpref", f"{work / 'test'},{work / 'long'}",
+        "--destdir", work / "bin", "--joined-dictionary", "--workers", "2")
+    return work / "bin"
+
+
+def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext"):
+    return run(
+        "fairseq-train", data_bin, "--user-dir", user_dir, "--task", "translation",
+        "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "2000", "--save-dir", save_dir, "--no-progress-bar", "--log-interval", "10",
+        "--seed", "1", "--num-workers", "0",
+        "--max-source-positions", MAX_POSITIONS, "--max-target-positions", MAX_POSITIONS,
+        "--skip-invalid-size-inputs-valid-test", *extra, cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(data_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("checkpoints")
+    log = train(data_bin, save_dir, "--arch", "convs2s_tiny", "--max-epoch", "3")
+    return save_dir, log
+
+
+def test_training_lowers_the_validation_loss(trained):
+    _, log = trained
+    losses = valid_losses(log)
+    assert len(losses) == 3, log[-3000:]
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+def test_training_resumes_from_the_checkpoint(data_bin, trained, tmp_path):
+    save_dir, _ = trained
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "checkpoint_last.pt").write_bytes((save_dir / "checkpoint_last.pt").read_bytes())
+    log = train(data_bin, resumed, "--arch", "convs2s_tiny", "--max-epoch", "4")
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 4 @ \d+ updates\)", log), log[-3000:]
+    assert len(valid_losses(log)) == 1  # only the fourth epoch ran
+
+
+def test_generate_translates_every_test_sentence_with_beam_5(data_bin, trained):
+    save_dir, _ = trained
+    log = run("fairseq-generate", data_bin, "--user-dir", "fairseq_convs2s_ext", "--path", save_dir / "checkpoint_best.pt",
+              "--beam", "5", "--batch-size", "32", "--required-batch-size-multiple", "1", "--gen-subset", "test")
+    hyps = hypotheses(log)
+    assert sorted(hyps) == list(range(TEST_LINES))
+    assert sum(1 for h in hyps.values() if h.strip()) > 0.9 * TEST_LINES
+    assert "BLEU4" in log
+
+
+def test_too_long_input_is_an_error_or_skipped(data_bin, trained):
+    save_dir, _ = trained
+    args = ["fairseq-generate", data_bin, "--user-dir", "fairseq_convs2s_ext", "--path", save_dir / "checkpoint_best.pt",
+            "--beam", "5", "--gen-subset", "test1", "--required-batch-size-multiple", "1"]
+    failed = run(*args, check=False)
+    assert failed.returncode != 0
+    assert "skip-invalid-size-inputs-valid-test" in failed.stdout or "invalid" in failed.stdout
+    skipped = run(*args, "--skip-invalid-size-inputs-valid-test")
+    assert sorted(hypotheses(skipped)) == [0]
+
+
+def test_user_dir_from_anywhere_and_paper_sized_model_trains(data_bin, tmp_path):
+    """The installed package finds its own path; the paper's largest model (WMT'14 En-Fr) builds
+    and takes a few updates on CPU."""
+    user_dir = subprocess.run([BIN / "convs2s-user-dir"], check=True, capture_output=True, text=True).stdout.strip()
+    assert (ROOT / "fairseq_convs2s_ext").samefile(user_dir)
+    log = train(data_bin, tmp_path / "ckpt", "--arch", "convs2s_wmt_en_fr", "--max-update", "2", "--max-tokens", "300",
+                "--disable-validation", "--no-save", cwd=tmp_path, user_dir=user_dir)
+    assert "num. shared model params" in log or "num. model params" in log
+    params = int(re.search(r"num\. (?:shared )?model params: ([\d,]+)", log)[1].replace(",", ""))
+    assert params > 100_000_000, params
+    assert re.search(r"num_updates 2\b", log), log[-3000:]
