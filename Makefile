@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
-	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test]"
+	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align]"
 	touch $@
 
 test: install

@@ -26,6 +26,9 @@ setup(
     entry_points={
         "console_scripts": [
             "convs2s-user-dir = fairseq_convs2s_ext.user_dir:main",
+            "convs2s-prepare = preprocess.pipeline:main",
+            "convs2s-align-dict = preprocess.align:main",
+            "convs2s-postprocess = preprocess.postprocess:main",
         ]
     },
 )

@@ -1,0 +1,15 @@
+"""Data preparation for ConvS2S (Gehring et al., 2017, section 4), independent of the model.
+
+Sennrich et al.'s WMT16 pipeline, one concept per module:
+
+- :mod:`.tokenize`    Moses punctuation normalization, tokenization, detokenization
+- :mod:`.romanian`    WMT16 Romanian normalization and diacritic removal
+- :mod:`.clean`       training-pair filter (empty, too long, length ratio)
+- :mod:`.bpe`         joint BPE with subword-nmt, and its removal
+- :mod:`.binarize`    ``fairseq-preprocess`` as a subprocess
+- :mod:`.atomic`      atomic, resumable steps
+- :mod:`.textio`      UTF-8 line I/O with errors naming file and line
+- :mod:`.pipeline`    ``convs2s-prepare``: all of the above in order
+- :mod:`.align`       ``convs2s-align-dict``: unknown-word replacement dictionary
+- :mod:`.postprocess` ``convs2s-postprocess``: remove BPE and detokenize translations
+"""

@@ -1,0 +1,186 @@
+"""``convs2s-prepare``: raw parallel text -> fairseq binarized data (paper section 4).
+
+Sennrich's WMT16 pipeline as the paper uses it, one atomic, resumable step each
+(see :mod:`preprocess.atomic`)::
+
+    normalize punctuation [+ Romanian normalization] + Moses tokenize -a   (every split)
+    clean: drop empty, > --max-len tokens, length ratio > --ratio          (train only)
+    learn joint BPE (--bpe-merges, default 40000) and apply it             (or --no-bpe)
+    fairseq-preprocess --joined-dictionary                                 (binarize)
+
+Layout of the output directory::
+
+    tok/{train,valid,test}.LANG    normalized, tokenized text
+    tok/train.clean.LANG           cleaned training text (input of convs2s-align-dict)
+    bpe/codes, bpe/SPLIT.LANG      BPE codes and segmented text (not with --no-bpe)
+    bin/                           fairseq-preprocess output: dict.LANG.txt, *.bin, *.idx
+    prepare.json                   the options the directory was prepared with
+
+A rerun skips the steps whose outputs exist, so an interrupted run resumes where it
+stopped. A rerun with different options is refused (stale outputs would be reused).
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Optional
+
+from .atomic import atomic_outputs, run_step
+from .binarize import binarize
+from .bpe import DEFAULT_MERGES, apply_bpe_file, learn_joint_bpe
+from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
+from .errors import PreprocessError
+from .textio import check_parallel
+from .tokenize import tokenize_file
+
+logger = logging.getLogger(__name__)
+
+OPTIONS_FILE = "prepare.json"
+
+
+def check_options(outdir: str, options: dict) -> None:
+    """Record ``options`` in ``outdir``, or fail if it was prepared with other options."""
+    path = os.path.join(outdir, OPTIONS_FILE)
+    if not os.path.exists(path):
+        with atomic_outputs([path]) as (temp,):
+            with open(temp, "w", encoding="utf-8") as f:
+                json.dump(options, f, indent=2, sort_keys=True)
+        return
+    with open(path, encoding="utf-8") as f:
+        recorded = json.load(f)
+    changed = sorted(key for key in options.keys() | recorded.keys()
+                     if options.get(key) != recorded.get(key))
+    if changed:
+        details = ", ".join(f"{key}: {recorded.get(key)!r} -> {options.get(key)!r}"
+                            for key in changed)
+        raise PreprocessError(
+            f"{outdir} was prepared with other options ({details}). Use a new output "
+            f"directory, or delete {outdir} to prepare it again."
+        )
+
+
+def _tokenize_pair(raw: list, langs: tuple, romanian: bool, workers: int,
+                   *tok_outputs: str) -> None:
+    check_parallel(*raw)
+    for in_path, out_path, lang in zip(raw, tok_outputs, langs):
+        tokenize_file(in_path, out_path, lang, romanian=romanian and lang == "ro",
+                      workers=workers)
+
+
+def _apply_bpe_pair(codes: str, inputs: list, outputs: tuple, workers: int) -> None:
+    for in_path, out_path in zip(inputs, outputs):
+        apply_bpe_file(codes, in_path, out_path, workers)
+
+
+def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
+            validpref: Optional[str] = None, testpref: Optional[str] = None,
+            romanian: bool = False, bpe_merges: Optional[int] = DEFAULT_MERGES,
+            max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
+            srcdict: Optional[str] = None, joined_dictionary: bool = True,
+            nwords: int = -1, workers: int = 1) -> str:
+    """Run every step (those already done are skipped); return the binarized data dir.
+
+    Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
+    ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
+    Romanian normalization to the ``ro`` side.
+    """
+    langs = (src_lang, tgt_lang)
+    if romanian and "ro" not in langs:
+        raise PreprocessError(f"--romanian needs 'ro' as source or target language, got {langs}")
+    prefixes = {split: os.path.abspath(prefix) for split, prefix in
+                (("train", trainpref), ("valid", validpref), ("test", testpref)) if prefix}
+    check_options(outdir, {
+        "langs": list(langs), "prefixes": prefixes, "romanian": romanian,
+        "bpe_merges": bpe_merges, "max_len": max_len, "ratio": ratio,
+        "srcdict": srcdict and os.path.abspath(srcdict),
+        "joined_dictionary": joined_dictionary, "nwords": nwords,
+    })
+
+    def files(prefix: str) -> list:
+        return [f"{prefix}.{lang}" for lang in langs]
+
+    tok = {split: os.path.join(outdir, "tok", split) for split in prefixes}
+    for split, prefix in prefixes.items():
+        raw = files(prefix)
+        run_step(f"tokenize {split}", raw, files(tok[split]),
+                 lambda *out, raw=raw: _tokenize_pair(raw, langs, romanian, workers, *out))
+
+    cleaned = os.path.join(outdir, "tok", "train.clean")
+    text = dict(tok, train=cleaned)
+    run_step("clean train", files(tok["train"]), files(cleaned),
+             lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio))
+
+    if bpe_merges:
+        codes = os.path.join(outdir, "bpe", "codes")
+        run_step("learn BPE", files(text["train"]), [codes],
+                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges))
+        segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
+        for split in prefixes:
+            inputs = files(text[split])
+            run_step(f"apply BPE {split}", [codes] + inputs, files(segmented[split]),
+                     lambda *out, inputs=inputs: _apply_bpe_pair(codes, inputs, out, workers))
+        text = segmented
+
+    bindir = os.path.join(outdir, "bin")
+    run_step("binarize", [path for prefix in text.values() for path in files(prefix)],
+             [bindir],
+             lambda out: binarize(out, src_lang, tgt_lang, trainpref=text["train"],
+                                  validpref=text.get("valid"), testpref=text.get("test"),
+                                  srcdict=srcdict, joined_dictionary=joined_dictionary,
+                                  nwords=nwords, workers=workers))
+    logger.info("done: binarized data in %s; tokenized training text for "
+                "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
+    return bindir
+
+
+def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="convs2s-prepare",
+        description="Tokenize, clean, BPE-encode and binarize a parallel corpus for ConvS2S "
+                    "(files PREFIX.LANG). Rerun the same command to resume.")
+    parser.add_argument("-s", "--source-lang", required=True)
+    parser.add_argument("-t", "--target-lang", required=True)
+    parser.add_argument("--trainpref", required=True, help="raw training text prefix")
+    parser.add_argument("--validpref", help="raw validation text prefix")
+    parser.add_argument("--testpref", help="raw test text prefix")
+    parser.add_argument("-o", "--outdir", required=True, help="output directory")
+    parser.add_argument("--romanian", action="store_true",
+                        help="WMT16 Romanian normalization and diacritic removal on the ro side")
+    bpe = parser.add_mutually_exclusive_group()
+    bpe.add_argument("--bpe-merges", type=int, default=DEFAULT_MERGES, metavar="N",
+                     help=f"joint BPE merge operations (default {DEFAULT_MERGES})")
+    bpe.add_argument("--no-bpe", action="store_true", help="word-level vocabulary, no BPE")
+    parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
+                        help=f"drop training pairs with a side longer than this many tokens "
+                             f"(default {DEFAULT_MAX_LEN})")
+    ratio = parser.add_mutually_exclusive_group()
+    ratio.add_argument("--ratio", type=float, default=DEFAULT_RATIO,
+                       help=f"drop training pairs whose length ratio exceeds this "
+                            f"(default {DEFAULT_RATIO})")
+    ratio.add_argument("--no-ratio", action="store_true", help="no length-ratio filter")
+    parser.add_argument("--srcdict", help="reuse this fairseq dictionary (joined)")
+    parser.add_argument("--separate-dictionaries", action="store_true",
+                        help="one dictionary per language instead of --joined-dictionary")
+    parser.add_argument("--nwords", type=int, default=-1,
+                        help="vocabulary size cap (word-level models); -1: keep all")
+    parser.add_argument("--workers", type=int, default=1, help="parallel processes")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list] = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
+    try:
+        prepare(args.outdir, args.source_lang, args.target_lang, args.trainpref,
+                args.validpref, args.testpref, romanian=args.romanian,
+                bpe_merges=None if args.no_bpe else args.bpe_merges, max_len=args.max_len,
+                ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
+                joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
+                workers=args.workers)
+    except PreprocessError as exc:
+        sys.exit(f"error: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Tests of the preprocess package on real parallel text (Multi30k, RO-STS), no mocks."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from preprocess.atomic import run_step, temp_path
+from preprocess.binarize import binarize
+from preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
+from preprocess.clean import clean_corpus, keep_pair
+from preprocess.errors import PreprocessError
+from preprocess.pipeline import prepare
+from preprocess.postprocess import postprocess
+from preprocess.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
+from preprocess.textio import count_lines, read_lines
+from preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normalize_punctuation,
+                                 tokenize, tokenize_file)
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("CONVS2S_DATA", REPO.parent / "shared" / "data"))
+MULTI30K = DATA / "multi30k"
+RO_STS = DATA / "ro-sts-en-ro"
+needs_data = pytest.mark.skipif(not MULTI30K.is_dir() or not RO_STS.is_dir(),
+                                reason=f"parallel text not found under {DATA} (set CONVS2S_DATA)")
+
+
+def head(src: Path, n: int, dst: Path) -> Path:
+    """The first n lines of a corpus file, copied to a temporary file."""
+    with open(src, encoding="utf-8") as f:
+        dst.write_text("".join(line for _, line in zip(range(n), f)), encoding="utf-8")
+    return dst
+
+
+def raw_pair(tmp_path: Path, split: str, n: int, name: str = None, folder: Path = MULTI30K,
+             langs=("en", "de")) -> str:
+    """Copy n lines of both sides of a split into tmp_path; return the file prefix."""
+    prefix = tmp_path / (name or split)
+    for lang in langs:
+        head(folder / f"{split}.{lang}", n, Path(f"{prefix}.{lang}"))
+    return str(prefix)
+
+
+# --- tokenization, BPE, detokenization -------------------------------------------------
+
+@needs_data
+def test_tokenize_bpe_detokenize_round_trip(tmp_path):
+    prefix = raw_pair(tmp_path, "train", 500)
+    for lang in ("en", "de"):
+        tokenize_file(f"{prefix}.{lang}", f"{prefix}.tok.{lang}", lang)
+    learn_joint_bpe([f"{prefix}.tok.en", f"{prefix}.tok.de"], str(tmp_path / "codes"), 300)
+    assert count_lines(tmp_path / "codes") == 301  # "#version" header + 300 merges
+
+    for lang in ("en", "de"):
+        tok, bpe = f"{prefix}.tok.{lang}", f"{prefix}.bpe.{lang}"
+        apply_bpe_file(str(tmp_path / "codes"), tok, bpe, workers=2)
+        assert "@@ " in Path(bpe).read_text(encoding="utf-8")
+        remove_bpe_file(bpe, f"{prefix}.nobpe.{lang}")
+        assert list(read_lines(f"{prefix}.nobpe.{lang}")) == list(read_lines(tok))
+
+        detokenize_file(tok, f"{prefix}.detok.{lang}", lang)
+        raw = [normalize_punctuation(line, lang) for line in read_lines(f"{prefix}.{lang}")]
+        detok = list(read_lines(f"{prefix}.detok.{lang}"))
+        same = sum(a == b for a, b in zip(raw, detok))
+        # Moses detokenization is not an exact inverse (e.g. German "Disney's"), but nearly.
+        assert len(detok) == 500 and same >= 490, (lang, same)
+
+    assert next(read_lines(f"{prefix}.tok.en")) == \
+        "Two young , White males are outside near many bushes ."
+
+
+def test_tokenizer_splits_dashes_and_does_not_escape():
+    assert tokenize("A well-known band & its fans.", "en") == \
+        "A well @-@ known band & its fans ."
+
+
+def test_remove_bpe_is_the_sed_expression():
+    assert remove_bpe("the d@@ og bark@@ s lou@@") == "the dog barks lou"
+    assert remove_bpe("lou@@ ") == "lou"
+
+
+def test_postprocess_removes_bpe_and_detokenizes():
+    assert postprocess("Ein Hund , der @-@ sp@@ ielt .", "de") == "Ein Hund, der-spielt."
+
+
+# --- Romanian -----------------------------------------------------------------------------
+
+def test_romanian_character_maps():
+    cedilla = "\u015e\u015f\u0162\u0163"  # Ş ş Ţ ţ
+    comma = "\u0218\u0219\u021a\u021b"    # Ș ș Ț ț
+    assert normalise_romanian(cedilla + " ăâî") == comma + " ăâî"
+    assert remove_diacritics(comma + "ĂăÂâÎî") == "SsTtAaAaIi"
+    # remove-diacritics.py assumes normalised input: cedilla forms alone pass through
+    assert remove_diacritics(cedilla) == cedilla
+    assert normalize_romanian_line("Ştiinţă şi învăţământ") == "Stiinta si invatamant"
+
+
+@needs_data
+def test_romanian_normalization_on_real_text(tmp_path):
+    raw = head(RO_STS / "train.ro", 300, tmp_path / "raw.ro")
+    diacritics = re.compile("[\u0218\u0219\u021a\u021b\u015e\u015f\u0162\u0163ĂăÂâÎî]")
+    assert diacritics.search(raw.read_text(encoding="utf-8"))
+    tokenize_file(str(raw), str(tmp_path / "tok.ro"), "ro", romanian=True)
+    tokenized = (tmp_path / "tok.ro").read_text(encoding="utf-8")
+    assert not diacritics.search(tokenized)
+    assert count_lines(tmp_path / "tok.ro") == 300
+    # without the flag the diacritics stay
+    assert diacritics.search(normalize_and_tokenize(next(read_lines(str(raw))) + " ş", "ro"))
+
+
+# --- cleaning -------------------------------------------------------------------------------
+
+def test_keep_pair_rules():
+    assert keep_pair("a b c", "x y z")
+    assert not keep_pair("", "x") and not keep_pair("a", "   ")
+    assert not keep_pair(" ".join(["w"] * 176), " ".join(["w"] * 176))
+    assert keep_pair(" ".join(["w"] * 175), " ".join(["w"] * 175))
+    assert not keep_pair("a b c d", "x y z", max_len=3)
+    assert keep_pair("a b c", "x y")                   # 1.5 exactly is kept
+    assert not keep_pair("a b c d", "x y")             # source 2x longer
+    assert not keep_pair("a b", "w x y z")             # target 2x longer
+    assert keep_pair("a b c d", "x y", ratio=2.0)
+    assert keep_pair("a b c d e f", "x", ratio=None)   # ratio filter off
+
+
+@needs_data
+def test_clean_corpus_on_real_lines(tmp_path):
+    prefix = raw_pair(tmp_path, "val", 100)
+    for lang in ("en", "de"):
+        tokenize_file(f"{prefix}.{lang}", f"{prefix}.tok.{lang}", lang)
+    src, tgt = (list(read_lines(f"{prefix}.tok.{lang}")) for lang in ("en", "de"))
+    expected = [i for i in range(100) if keep_pair(src[i], tgt[i])]
+    assert 90 <= len(expected) < 100  # real data: a few pairs exceed ratio 1.5
+    bad = [("", tgt[0]), (src[1], ""), (" ".join(src * 2), " ".join(tgt * 2)),
+           (src[2] + " " + src[2] + " " + src[2], tgt[2]), (src[3], " ".join([tgt[3]] * 3))]
+    (tmp_path / "in.en").write_text("\n".join(src + [s for s, _ in bad]) + "\n", encoding="utf-8")
+    (tmp_path / "in.de").write_text("\n".join(tgt + [t for _, t in bad]) + "\n", encoding="utf-8")
+
+    out = [str(tmp_path / f"out.{lang}") for lang in ("en", "de")]
+    kept, total = clean_corpus(str(tmp_path / "in.en"), str(tmp_path / "in.de"), *out)
+    assert (kept, total) == (len(expected), 105)
+    assert list(read_lines(out[0])) == [src[i] for i in expected]
+    assert list(read_lines(out[1])) == [tgt[i] for i in expected]
+
+    kept, _ = clean_corpus(str(tmp_path / "in.en"), str(tmp_path / "in.de"), *out,
+                           max_len=10_000, ratio=None)
+    assert kept == 103  # only the two pairs with an empty side go
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path):
+    (tmp_path / "a.en").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\nzwei\n", encoding="utf-8")
+    with pytest.raises(PreprocessError) as exc:
+        clean_corpus(str(tmp_path / "a.en"), str(tmp_path / "a.de"),
+                     str(tmp_path / "o.en"), str(tmp_path / "o.de"))
+    message = str(exc.value)
+    assert f"{tmp_path / 'a.en'} has 3 lines" in message
+    assert f"{tmp_path / 'a.de'} has 2 lines" in message
+
+
+def test_non_utf8_input_names_file_line_and_fix(tmp_path):
+    (tmp_path / "a.en").write_text("a dog .\na cat .\nthe end .\n", encoding="utf-8")
+    (tmp_path / "a.de").write_bytes("ein Hund .\n".encode() + "eine Kätze .\n".encode("latin-1")
+                                    + b"das Ende .\n")
+    with pytest.raises(PreprocessError) as exc:
+        clean_corpus(str(tmp_path / "a.en"), str(tmp_path / "a.de"),
+                     str(tmp_path / "o.en"), str(tmp_path / "o.de"))
+    message = str(exc.value)
+    assert f"{tmp_path / 'a.de'}, line 2: not valid UTF-8" in message
+    assert "iconv" in message
+    # the same error when the lines are tokenized by a pool of processes
+    with pytest.raises(PreprocessError, match="a.de, line 2: not valid UTF-8"):
+        tokenize_file(str(tmp_path / "a.de"), str(tmp_path / "o.de"), "de", workers=2)
+
+
+# --- atomic, resumable steps ----------------------------------------------------------------
+
+def _write_half_then_fail(out: str) -> None:
+    with open(out, "w") as f:
+        f.write("half of the output\n")
+    raise RuntimeError("step failed halfway")
+
+
+def test_failed_step_leaves_no_output_and_reruns(tmp_path):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("data\n")
+    with pytest.raises(RuntimeError, match="halfway"):
+        run_step("demo", [str(inp)], [str(out)], _write_half_then_fail)
+    assert os.listdir(tmp_path) == ["in.txt"]  # neither output nor temporary file
+
+    assert run_step("demo", [str(inp)], [str(out)], lambda o: Path(o).write_text("done\n"))
+    assert out.read_text() == "done\n"
+
+
+def test_killed_step_leaves_only_a_temp_file_that_rerun_cleans(tmp_path):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("data\n")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from preprocess.atomic import run_step
+        def action(temp):
+            with open(temp, "w") as f:
+                f.write("partial\\n")
+                f.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+        run_step("demo", [{str(inp)!r}], [{str(out)!r}], action)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    assert proc.returncode == -9
+    assert not out.exists() and Path(temp_path(str(out))).exists()
+
+    assert run_step("demo", [str(inp)], [str(out)], lambda o: Path(o).write_text("done\n"))
+    assert out.read_text() == "done\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.txt"]
+
+
+def test_finished_step_is_skipped(tmp_path):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("data\n")
+    calls = []
+
+    def action(o):
+        calls.append(o)
+        Path(o).write_text("done\n")
+
+    assert run_step("demo", [str(inp)], [str(out)], action)
+    assert not run_step("demo", [str(inp)], [str(out)], action)
+    assert len(calls) == 1
+
+
+def test_empty_or_missing_input_is_an_error_naming_the_file(tmp_path):
+    empty = tmp_path / "train.en"
+    empty.write_text("")
+    with pytest.raises(PreprocessError, match=f"input corpus is empty: {empty}"):
+        run_step("demo", [str(empty)], [str(tmp_path / "out")], lambda o: None)
+    with pytest.raises(PreprocessError, match="input file not found: .*missing.en"):
+        run_step("demo", [str(tmp_path / "missing.en")], [str(tmp_path / "out")], lambda o: None)
+
+
+# --- binarization and the whole pipeline ----------------------------------------------------
+
+def test_binarize_failure_shows_fairseq_output(tmp_path):
+    with pytest.raises(PreprocessError) as exc:
+        binarize(str(tmp_path / "bin"), "en", "de", trainpref=str(tmp_path / "missing"))
+    message = str(exc.value)
+    assert "fairseq-preprocess failed" in message and "--joined-dictionary" in message
+    assert re.search(r"No such file .*missing\.(en|de)", message)  # fairseq's own error
+
+
+def _fairseq_counts(log: Path) -> dict:
+    """{file: (sentences, tokens)} from the lines of fairseq-preprocess's preprocess.log."""
+    pattern = re.compile(r"\] (\S+): (\d+) sents, (\d+) tokens")
+    return {m[1]: (int(m[2]), int(m[3])) for m in pattern.finditer(log.read_text())}
+
+
+def _run_prepare(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "preprocess.pipeline", *args], cwd=REPO,
+                          capture_output=True, text=True)
+
+
+@needs_data
+def test_prepare_multi30k_end_to_end(tmp_path):
+    train = raw_pair(tmp_path, "train", 2000)
+    valid = raw_pair(tmp_path, "val", 200)
+    test = raw_pair(tmp_path, "test_2016_flickr", 200, name="test")
+    out = tmp_path / "out"
+    args = ["-s", "en", "-t", "de", "--trainpref", train, "--validpref", valid,
+            "--testpref", test, "-o", str(out), "--bpe-merges", "1000", "--workers", "2"]
+    proc = _run_prepare(*args)
+    assert proc.returncode == 0, proc.stderr
+
+    kept = count_lines(out / "tok" / "train.clean.en")
+    assert 1900 < kept < 2000 and count_lines(out / "tok" / "train.clean.de") == kept
+    assert count_lines(out / "bpe" / "codes") == 1001
+    bindir = out / "bin"
+    dict_en, dict_de = (bindir / f"dict.{lang}.txt" for lang in ("en", "de"))
+    assert dict_en.read_text() == dict_de.read_text()  # --joined-dictionary
+    assert 1000 < count_lines(dict_en) < 1300  # ~1000 merges + characters
+    counts = _fairseq_counts(bindir / "preprocess.log")
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            assert (bindir / f"{split}.en-de.{lang}.bin").stat().st_size > 0
+            assert (bindir / f"{split}.en-de.{lang}.idx").stat().st_size > 0
+            text = out / "bpe" / f"{split}.{lang}"
+            lines = list(read_lines(str(text)))
+            tokens = sum(len(line.split()) + 1 for line in lines)  # + end of sentence
+            assert counts[str(text)] == (len(lines), tokens)
+    assert counts[str(out / "bpe" / "train.en")][0] == kept
+    assert not [p for p in out.rglob(".*")]  # no temporary files left
+
+    # A rerun skips every step and rewrites nothing.
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    proc = _run_prepare(*args)
+    assert proc.returncode == 0, proc.stderr
+    # 3 x tokenize, clean, learn BPE, 3 x apply BPE, binarize
+    assert proc.stderr.count("skipped, outputs exist") == 9
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == mtimes
+
+    # Other options on the same directory are refused rather than silently mixed.
+    proc = _run_prepare(*args[:-4], "--bpe-merges", "500")
+    assert proc.returncode == 1
+    assert "bpe_merges: 1000 -> 500" in proc.stderr
+
+
+@needs_data
+def test_prepare_word_level_romanian(tmp_path):
+    train = raw_pair(tmp_path, "train", 400, folder=RO_STS, langs=("en", "ro"))
+    bindir = prepare(str(tmp_path / "out"), "en", "ro", train, romanian=True, bpe_merges=None,
+                     ratio=None, max_len=12)
+    assert not (tmp_path / "out" / "bpe").exists()
+    options = json.loads((tmp_path / "out" / "prepare.json").read_text())
+    assert options["bpe_merges"] is None and options["romanian"] is True
+    words = {line.split()[0] for line in read_lines(os.path.join(bindir, "dict.ro.txt"))}
+    assert "si" in words and "și" not in words  # "și" (and) without diacritics
+    assert not any("@@" in word for word in words)
+    tokenized = list(read_lines(str(tmp_path / "out" / "tok" / "train.clean.en")))
+    assert 0 < len(tokenized) < 400 and max(len(line.split()) for line in tokenized) <= 12
+
+
+def test_prepare_empty_training_corpus_is_an_error(tmp_path):
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("")
+    with pytest.raises(PreprocessError, match=f"input corpus is empty: {tmp_path}/train.en"):
+        prepare(str(tmp_path / "out"), "en", "de", str(tmp_path / "train"))
