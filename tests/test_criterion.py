@@ -1,0 +1,121 @@
+"""The ``convs2s_cross_entropy`` criterion against hand computations."""
+import math
+
+import pytest
+import torch
+from fairseq import criterions
+from fairseq.criterions import CRITERION_REGISTRY
+from fairseq.logging import metrics
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import OmegaConf
+
+from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
+from fairseq_convs2s_ext.criterions.convs2s_cross_entropy import ConvS2SCrossEntropyConfig
+from model_helpers import build
+
+PAD, EOS = 1, 2  # fairseq's Dictionary
+SRC = torch.tensor([[4, 9, 11, 6, EOS], [7, 5, 8, 10, EOS]])
+# Two target sentences with 7 tokens that are not padding, and the decoder input as fairseq
+# collates it (the target shifted right behind an end of sentence).
+TARGET = torch.tensor([[5, 7, 9, EOS], [6, 8, EOS, PAD]])
+PREV = torch.tensor([[EOS, 5, 7, 9], [EOS, 6, 8, PAD]])
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    model, d = build(vocab=12)
+    model.eval()  # no dropout: the criterion and the hand computation see the same outputs
+    return model, TranslationTask(TranslationConfig(), d, d)
+
+
+def make_criterion(task, label_smoothing):
+    """Through fairseq's registry and dataclass config, as fairseq-train builds it."""
+    cfg = OmegaConf.structured(ConvS2SCrossEntropyConfig(label_smoothing=label_smoothing))
+    cfg._name = "convs2s_cross_entropy"
+    return criterions.build_criterion(cfg, task)
+
+
+def make_sample(target=TARGET, prev=PREV, extra_padding=0):
+    pad = torch.full((target.size(0), extra_padding), PAD)
+    target, prev = torch.cat([target, pad], dim=1), torch.cat([prev, pad], dim=1)
+    return {
+        "net_input": {"src_tokens": SRC, "src_lengths": torch.tensor([5, 5]), "prev_output_tokens": prev},
+        "target": target,
+        "ntokens": int(target.ne(PAD).sum()),
+    }
+
+
+def hand_losses(model, sample, eps):
+    """Sums over the non-padding targets of -log p(y), and of the cross-entropy against the
+    smoothed distribution q: 1 - eps on the target word, eps / (V - 1) on each other word."""
+    logits, _ = model(**sample["net_input"])
+    lprobs = torch.log_softmax(logits.double(), dim=-1)
+    vocab = lprobs.size(-1)
+    nll = smoothed = 0.0
+    for b, t in sample["target"].ne(PAD).nonzero().tolist():
+        y = sample["target"][b, t]
+        q = torch.full((vocab,), eps / (vocab - 1), dtype=torch.double)
+        q[y] = 1 - eps
+        nll -= lprobs[b, t, y].item()
+        smoothed -= (q * lprobs[b, t]).sum().item()
+    return nll, smoothed
+
+
+def test_registered_under_its_own_name():
+    assert CRITERION_REGISTRY["convs2s_cross_entropy"] is ConvS2SCrossEntropyCriterion
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_loss_equals_hand_computation(setup, eps):
+    model, task = setup
+    sample = make_sample()
+    loss, sample_size, log = make_criterion(task, eps)(model, sample)
+    nll, smoothed = hand_losses(model, sample, eps)
+    assert loss.item() == pytest.approx(smoothed if eps else nll, rel=1e-5)
+    assert log["nll_loss"].item() == pytest.approx(nll, rel=1e-5)
+    assert sample_size == log["sample_size"] == log["ntokens"] == 7  # non-padding targets
+    assert log["nsentences"] == 2
+
+
+def test_padding_counts_neither_in_the_loss_nor_in_the_normalizer(setup):
+    model, task = setup
+    criterion = make_criterion(task, 0.1)
+    loss, size, _ = criterion(model, make_sample())
+    # The decoder is causal: padding appended to the batch leaves the real positions unchanged.
+    padded_loss, padded_size, _ = criterion(model, make_sample(extra_padding=3))
+    assert padded_loss.item() == pytest.approx(loss.item(), rel=1e-5)
+    assert padded_size == size == 7
+
+
+def test_logged_values_are_per_token_in_base_2(setup):
+    model, task = setup
+    criterion = make_criterion(task, 0.1)
+    _, _, log = criterion(model, make_sample())
+    with metrics.aggregate() as agg:
+        criterion.reduce_metrics([log, log])  # two workers' outputs
+    values = agg.get_smoothed_values()
+    assert values["loss"] == pytest.approx(log["loss"].item() / 7 / math.log(2), abs=1e-3)
+    assert values["nll_loss"] == pytest.approx(log["nll_loss"].item() / 7 / math.log(2), abs=1e-3)
+    assert values["ppl"] == pytest.approx(2 ** values["nll_loss"], rel=1e-2)
+
+
+def test_batch_without_target_tokens_gives_no_nan(setup):
+    model, task = setup
+    criterion = make_criterion(task, 0.1)
+    empty = make_sample(torch.full((2, 4), PAD), torch.full((2, 4), PAD))
+    loss, sample_size, empty_log = criterion(model, empty)
+    assert sample_size == 0 and loss.item() == 0.0
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with metrics.aggregate() as agg:
+        criterion.reduce_metrics([empty_log])
+    assert all(math.isfinite(value) for value in agg.get_smoothed_values().values())
+    # Among other batches, an empty one leaves the averages unchanged.
+    _, _, log = criterion(model, make_sample())
+    with metrics.aggregate() as alone:
+        criterion.reduce_metrics([log])
+    with metrics.aggregate() as mixed:
+        criterion.reduce_metrics([log])
+        criterion.reduce_metrics([empty_log])
+    assert mixed.get_smoothed_values() == alone.get_smoothed_values()
