@@ -1,21 +1,26 @@
-# ConvS2S for fairseq. `make demo` runs the main job, `make test` the tests;
-# both build the virtual environment first (see `install`).
+# ConvS2S for fairseq. `make demo` runs the main job, `make test` the tests; both build the
+# virtual environment first (see `install`). Recipes: `make recipe-wmt16-en-ro` and friends,
+# `SMOKE=1` for a tiny, fast run on local data, `ARGS="key=value ..."` for hydra overrides.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
-# Where corpora are read from (and downloaded to when missing).
+# Where corpora are read from, and downloaded to when missing.
 DATA ?= $(abspath ../shared/data)
 export CONVS2S_DATA := $(DATA)
+# Work folder of a recipe (default: work/NAME); ARGS: hydra overrides; SMOKE=1: smoke mode.
+WORK ?=
+ARGS ?=
+RECIPE = $(PY) -m recipes.run --data "$(DATA)" $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
-.PHONY: install test test-slow demo clean
+.PHONY: install test test-slow demo clean \
+	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword
 
-# A virtual environment inside the checkout, built from nothing. torch is
-# installed first and pinned through PIP_CONSTRAINT, which pip also hands to
-# fairseq's isolated build environment (a plain `-c` would not reach it, and
-# an unpinned torch there pulls GBs of CUDA packages). The stamp makes a second
-# call a no-op unless setup.py changed.
+# A virtual environment inside the checkout, built from nothing. torch is installed first
+# and pinned through PIP_CONSTRAINT, which pip also hands to fairseq's isolated build
+# environment (a plain `-c` would not reach it, and an unpinned torch there pulls GBs of
+# CUDA packages). The stamp makes a second call a no-op unless setup.py changed.
 install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py
@@ -31,6 +36,23 @@ test: install
 # The real runs that take longer than the default suite.
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+# The main job: Multi30k en-de, a small ConvS2S trained for about 15 minutes on CPU,
+# beam-5 translation of test_2016_flickr and its sacreBLEU.
+demo: install
+	$(RECIPE) multi30k-demo $(ARGS)
+
+recipe-wmt16-en-ro: install
+	$(RECIPE) wmt16-en-ro $(ARGS)
+
+recipe-wmt14-en-de: install
+	$(RECIPE) wmt14-en-de $(ARGS)
+
+recipe-wmt14-en-fr: install
+	$(RECIPE) wmt14-en-fr $(ARGS)
+
+recipe-gigaword: install
+	$(RECIPE) gigaword $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

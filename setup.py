@@ -22,6 +22,8 @@ setup(
         "test": ["pytest>=7"],
         # GPL-3 word aligner, called only as a separate process (`eflomal-align`).
         "align": ["eflomal"],
+        # ROUGE for the Gigaword summarization recipe.
+        "gigaword": ["rouge-score"],
     },
     entry_points={
         "console_scripts": [
@@ -29,6 +31,7 @@ setup(
             "convs2s-prepare = preprocess.pipeline:main",
             "convs2s-align-dict = preprocess.align:main",
             "convs2s-postprocess = preprocess.postprocess:main",
+            "convs2s-recipe = recipes.run:main",
         ]
     },
 )

@@ -1,0 +1,199 @@
+"""``convs2s-recipe NAME``: one of the paper's experiments end to end (section 4).
+
+download -> prepare (tokenize, clean, BPE, binarize) -> train (fairseq-hydra-train with the
+recipe's YAML in recipes/configs, plus any ``key=value`` overrides) -> generate (beam 5,
+length-normalized scores, every test sentence) -> score -> ``report.md`` in the work folder.
+Every step resumes: prepared files are kept, fairseq resumes training from checkpoint_last.
+
+``--smoke`` runs the same recipe with a tiny model and a few updates on small local data
+(en-ro: RO-STS for training, newsdev2016 and newstest2016), to check the whole pipeline.
+"""
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from preprocess.atomic import atomic_outputs
+from preprocess.bpe import remove_bpe
+from preprocess.errors import PreprocessError
+from preprocess.pipeline import prepare
+from preprocess.romanian import normalize_romanian_line
+from preprocess.textio import read_lines
+from preprocess.tokenize import detokenize
+
+from . import corpora, score
+from .download import DownloadError
+
+logger = logging.getLogger("convs2s-recipe")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(ROOT, "recipes", "configs")
+USER_DIR = os.path.join(ROOT, "fairseq_convs2s_ext")
+BIN = os.path.dirname(sys.executable)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    experiment: str  # key of corpora.EXPERIMENTS
+    config: str  # recipes/configs/recipe/CONFIG.yaml, applied over recipes/configs/paper.yaml
+    bpe_merges: Optional[int] = 40000  # None: word level
+    romanian: bool = False  # Sennrich's WMT16 Romanian normalization
+    ratio: Optional[float] = 1.5  # source/target length ratio filter (None: off)
+    nwords: int = -1
+    metric: str = "bleu"  # "bleu" (detokenized sacreBLEU), "tokenized-bleu" (and sacreBLEU), "rouge"
+    max_len_a: float = 0.0  # generation length limit: a * source length + b
+    max_len_b: int = 200
+
+
+RECIPES = {
+    "wmt16-en-ro": Recipe("wmt16-en-ro", "wmt16_en_ro", romanian=True),
+    "wmt14-en-de": Recipe("wmt14-en-de", "wmt14_en_de", metric="tokenized-bleu"),
+    "wmt14-en-fr": Recipe("wmt14-en-fr", "wmt14_en_fr", metric="tokenized-bleu"),
+    "gigaword": Recipe("gigaword", "gigaword", bpe_merges=None, ratio=None, nwords=30000, metric="rouge"),
+    "multi30k-demo": Recipe("multi30k-en-de", "multi30k_demo", bpe_merges=10000, max_len_a=1.5, max_len_b=10),
+}
+SMOKE = {"wmt16-en-ro": dict(experiment="wmt16-en-ro-smoke", bpe_merges=2000, max_len_a=1.5, max_len_b=10)}
+SMOKE_OVERRIDES = [
+    "model._name=convs2s_tiny", "optimization.max_update=60", "dataset.max_tokens=2000",
+    "dataset.batch_size=null", "common.log_interval=20", "checkpoint.no_epoch_checkpoints=true",
+]
+
+
+def fetch_data(recipe, data_dir, work, backtranslation=True):
+    """Raw train/valid/test prefixes; the training corpora are concatenated into the work folder."""
+    experiment = corpora.EXPERIMENTS[recipe.experiment]
+    train = [c for c in experiment.train if backtranslation or c is not corpora.BACKTRANSLATIONS]
+    langs = (experiment.src, experiment.tgt)
+    train_prefix = corpora.concatenate(train, data_dir, os.path.join(work, "raw", "train"), langs)
+    return experiment, train_prefix, experiment.valid.prefix(data_dir), experiment.test.prefix(data_dir)
+
+
+def train(recipe, data_bin, work, overrides):
+    """fairseq-hydra-train with the recipe's config; fairseq resumes from checkpoint_last.pt."""
+    command = [
+        os.path.join(BIN, "fairseq-hydra-train"), "--config-dir", CONFIG_DIR, "--config-name", "paper",
+        f"+recipe={recipe.config}",
+        f"task.data={data_bin}", f"checkpoint.save_dir={os.path.join(work, 'checkpoints')}",
+        f"common.user_dir={USER_DIR}", f"hydra.run.dir={os.path.join(work, 'hydra')}", *overrides,
+    ]
+    logger.info("training: %s", " ".join(command))
+    subprocess.run(command, check=True)
+    return os.path.join(work, "checkpoints", "checkpoint_best.pt")
+
+
+def generate(recipe, data_bin, checkpoint, work):
+    """Beam 5 over the whole test set; returns the hypotheses in test-set order."""
+    output = os.path.join(work, "generate-test.txt")
+    if not os.path.exists(output) or os.path.getmtime(output) < os.path.getmtime(checkpoint):
+        command = [
+            os.path.join(BIN, "fairseq-generate"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
+            "--gen-subset", "test", "--beam", "5", "--lenpen", "1", "--batch-size", "128",
+            "--required-batch-size-multiple", "1",
+            "--max-len-a", str(recipe.max_len_a), "--max-len-b", str(recipe.max_len_b),
+        ]
+        logger.info("generating: %s", " ".join(command))
+        with atomic_outputs([output]) as (temp,):
+            with open(temp, "w", encoding="utf-8") as out:
+                subprocess.run(command, check=True, stdout=out)
+    hypotheses = {}
+    with open(output, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("H-"):
+                key, _, text = line.rstrip("\n").split("\t")
+                hypotheses[int(key[2:])] = text
+    return [hypotheses[i] for i in sorted(hypotheses)], output
+
+
+def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
+    """The recipe's metric(s) of the hypotheses against the test references."""
+    tgt = experiment.tgt
+    raw_refs = list(read_lines(f"{test_prefix}.{tgt}"))
+    score.check_counts(hypotheses, raw_refs, output, f"{test_prefix}.{tgt}")
+    words = [remove_bpe(h) if recipe.bpe_merges else h for h in hypotheses]
+    if recipe.metric == "rouge":
+        return {"rouge": score.rouge(words, raw_refs)}, words
+    detok = [detokenize(h, tgt) for h in words]
+    if recipe.romanian and tgt == "ro":  # the model writes Romanian without diacritics
+        raw_refs = [normalize_romanian_line(r) for r in raw_refs]
+    results = {"sacrebleu": score.bleu(detok, raw_refs)}
+    if recipe.metric == "tokenized-bleu":
+        tok_refs = list(read_lines(os.path.join(prepared, "tok", f"test.{tgt}")))
+        results["tokenized_bleu"] = score.bleu(words, tok_refs, tokenized=True)
+    return results, detok
+
+
+def report(name, work, results, sources, outputs, references, overrides, seconds):
+    lines = [f"# {name}", "", f"- test sentences: {len(outputs)}", f"- overrides: {' '.join(overrides) or 'none'}",
+             f"- wall time: {seconds / 60:.1f} min", ""]
+    for metric, value in results.items():
+        lines.append(f"- {metric}: {value['text'] if isinstance(value, dict) and 'text' in value else value}")
+        if isinstance(value, dict) and "signature" in value:
+            lines.append(f"  - signature: {value['signature']}")
+    lines += ["", "## Examples", ""]
+    for src, hyp, ref in list(zip(sources, outputs, references))[:5]:
+        lines += [f"- source: {src}", f"  - output: {hyp}", f"  - reference: {ref}"]
+    text = "\n".join(lines) + "\n"
+    for path, content in ((os.path.join(work, "report.md"), text),
+                          (os.path.join(work, "report.json"), json.dumps(results, indent=2))):
+        with atomic_outputs([path]) as (temp,):
+            with open(temp, "w", encoding="utf-8") as f:
+                f.write(content)
+    print(text)
+
+
+def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
+    started = time.time()
+    recipe = RECIPES[name]
+    overrides = list(overrides)
+    if smoke:
+        if name not in SMOKE:
+            raise SystemExit(f"error: no smoke mode for {name}; smoke runs exist for {', '.join(SMOKE)}")
+        recipe = replace(recipe, **SMOKE[name])
+        overrides = SMOKE_OVERRIDES + overrides
+    os.makedirs(work, exist_ok=True)
+    experiment, train_prefix, valid_prefix, test_prefix = fetch_data(recipe, data_dir, work, backtranslation)
+    prepared = os.path.join(work, "prepared")
+    data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
+                       romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
+                       nwords=recipe.nwords, workers=os.cpu_count() or 1)
+    checkpoint = train(recipe, data_bin, work, overrides)
+    hypotheses, output = generate(recipe, data_bin, checkpoint, work)
+    results, outputs = evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output)
+    sources = list(read_lines(f"{test_prefix}.{experiment.src}"))
+    references = list(read_lines(f"{test_prefix}.{experiment.tgt}"))
+    report(name + (" (smoke)" if smoke else ""), work, results, sources, outputs, references, overrides,
+           time.time() - started)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="convs2s-recipe", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=sorted(RECIPES))
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="hydra overrides of the recipe's config")
+    parser.add_argument("--data", default=os.environ.get("CONVS2S_DATA", os.path.join(ROOT, "..", "shared", "data")),
+                        help="corpus cache/mirror folder (env CONVS2S_DATA); missing corpora are downloaded into it")
+    parser.add_argument("--work", help="work folder (default: work/NAME in the checkout)")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, few updates, small local data")
+    parser.add_argument("--no-backtranslation", action="store_true",
+                        help="wmt16-en-ro: train on the bitext only, without Sennrich et al.'s back-translated news")
+    args = parser.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
+    suffix = ("-smoke" if args.smoke else "") + ("-no-bt" if args.no_backtranslation else "")
+    work = args.work or os.path.join(ROOT, "work", args.name + suffix)
+    try:
+        run(args.name, os.path.abspath(args.data), os.path.abspath(work), args.smoke,
+            not args.no_backtranslation, args.overrides)
+    except (PreprocessError, DownloadError, score.ScoreError) as e:
+        sys.exit(f"error: {e}")
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"error: {os.path.basename(e.cmd[0])} failed with exit status {e.returncode} (its output is above)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Recipes end to end (the en-ro smoke run, a shortened `make demo`) and their building blocks."""
+import gzip
+import io
+import json
+import os
+import re
+import subprocess
+import tarfile
+
+import pytest
+
+from conftest import ROOT
+from recipes import corpora, score
+from recipes.download import DownloadError
+
+
+def make(target, work, *args, data_dir):
+    proc = subprocess.run(["make", "-C", str(ROOT), target, f"WORK={work}", f"DATA={data_dir}", *args],
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    return proc.stdout
+
+
+def hypothesis_ids(path):
+    return sorted(int(m) for m in re.findall(r"^H-(\d+)\t", path.read_text(encoding="utf-8"), flags=re.M))
+
+
+def test_smoke_recipe_wmt16_en_ro(tmp_path, data_dir):
+    """The whole en-ro recipe on local data: prepare, fairseq-hydra-train, generate, score."""
+    work = tmp_path / "en-ro"
+    log = make("recipe-wmt16-en-ro", work, "SMOKE=1", data_dir=data_dir)
+    assert hypothesis_ids(work / "generate-test.txt") == list(range(1999))  # all of newstest2016
+    results = json.loads((work / "report.json").read_text())
+    assert results["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "test sentences: 1999" in (work / "report.md").read_text()
+    assert "num_updates 60" in log
+    # The Romanian side was normalized as in Sennrich's WMT16 pipeline (no diacritics).
+    train_ro = (work / "prepared" / "tok" / "train.clean.ro").read_text(encoding="utf-8")
+    assert not set("ăâîșțşţ") & set(train_ro)
+
+
+def test_shortened_demo(tmp_path, data_dir):
+    work = tmp_path / "demo"
+    log = make("demo", work, "ARGS=optimization.stop_time_hours=0.005", data_dir=data_dir)
+    assert hypothesis_ids(work / "generate-test.txt") == list(range(1000))  # all of test_2016_flickr
+    assert re.search(r"sacrebleu: BLEU = [\d.]+ ", log)
+    assert "signature: nrefs:1" in log and "## Examples" in log
+
+
+def test_scoring_refuses_missing_hypotheses():
+    with pytest.raises(score.ScoreError, match="3 hypotheses .* for 4 references"):
+        score.check_counts(["a", "b", "c"], ["a", "b", "c", "d"], "hyp.txt", "ref.txt")
+    assert score.bleu(["a small dog runs"], ["a small dog runs"])["score"] == 100.0
+
+
+def _tar_gz(path, members):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_missing_corpus_is_downloaded_checked_and_extracted(tmp_path):
+    """A corpus absent from the data folder is fetched from its source URL (here a file:// mirror)."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    _tar_gz(mirror / "bitext.tgz", {"bitext/corpus.de-en.en": "a dog\n", "bitext/corpus.de-en.de": "ein Hund\n"})
+    with gzip.open(mirror / "mono.en.gz", "wt") as f:
+        f.write("hello\n")
+    data = tmp_path / "data"
+    archived = corpora._archived("demo", "bitext", f"file://{mirror}/bitext.tgz", "corpus.de-en.{lang}", ("en", "de"))
+    prefix = archived.prefix(str(data))
+    assert open(f"{prefix}.de").read() == "ein Hund\n"
+    assert (data / "downloads" / "bitext.tgz").exists()
+    gz = corpora.Corpus("demo", "mono", {"en": corpora.Source(url=f"file://{mirror}/mono.en.gz")})
+    assert open(gz.prefix(str(data)) + ".en").read() == "hello\n"
+    out = corpora.concatenate([archived, archived], str(data), str(tmp_path / "train"), ("en", "de"))
+    assert open(f"{out}.en").read() == "a dog\na dog\n"
+
+
+def test_corrupt_download_leaves_nothing_behind(tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    good = gzip.compress(b"x" * 100000)
+    (mirror / "broken.en.gz").write_bytes(good[: len(good) // 2])
+    data = tmp_path / "data"
+    corpus = corpora.Corpus("demo", "broken", {"en": corpora.Source(url=f"file://{mirror}/broken.en.gz")})
+    with pytest.raises(DownloadError, match="incompletely or corrupt"):
+        corpus.prefix(str(data))
+    assert not (data / "demo" / "broken.en").exists()
+    assert not any(p.name.startswith("broken") for p in (data / "downloads").iterdir())
