@@ -34,7 +34,7 @@ def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext"):
     return run(
         "fairseq-train", data_bin, "--user-dir", user_dir, "--task", "translation",
         "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--criterion", "convs2s_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "2000", "--save-dir", save_dir, "--no-progress-bar", "--log-interval", "10",
         "--seed", "1", "--num-workers", "0",
         "--max-source-positions", MAX_POSITIONS, "--max-target-positions", MAX_POSITIONS,
