@@ -7,4 +7,4 @@ from .checkpoint_safety import allow_fairseq_checkpoints
 
 allow_fairseq_checkpoints()
 
-from . import criterions, models  # noqa: E402  (registers with fairseq)
+from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)

@@ -1,0 +1,142 @@
+"""``--task convs2s_translation``: fairseq's translation task with the paper's unknown-word
+replacement in fairseq-generate and fairseq-interactive.
+
+    fairseq-generate DATA --user-dir fairseq_convs2s_ext --task convs2s_translation \\
+        --path CKPT --replace-unk align.dict      # dictionary translation, else copy
+    fairseq-generate ... --replace-unk             # copy the attended source word
+    fairseq-interactive DATA ... --replace-unk align.dict < raw-sentences
+
+Training is unchanged from ``--task translation`` (a model trained with either generates with
+either). What this task adds, each through a task hook:
+
+- ``build_generator``: with ``--replace-unk``, fairseq's generator wrapped in
+  :class:`~fairseq_convs2s_ext.unknown_words.UnknownWordReplacer`, which does the replacement
+  (see that module for the rules). fairseq's own replacement is broken for every model
+  (its generator returns no alignment), and the wrapper leaves it nothing to do.
+- ``load_dataset``: with ``--replace-unk``, the split's text from beside the binary files
+  (see :mod:`.source_text`); fairseq-generate then prints the original source and reference
+  (S-, T-) and scores against the original reference words.
+- ``get_interactive_tokens_and_lengths``, ``build_dataset_for_inference``,
+  ``inference_step``: fairseq-interactive's input lines (after ``--tokenizer``/``--bpe``)
+  reach the replacement, instead of the ids it rebuilds its source string from (where every
+  unknown word reads ``<unk>``; its S- lines still do).
+- ``get_batch_iterator``: fairseq drops a split's last batch when its size is not a multiple
+  of ``--required-batch-size-multiple`` (8 by default; ``data_utils.batch_by_size``), which
+  silently loses up to the last N mod 8 sentences. Only the training split keeps the multiple;
+  validation, fairseq-generate and fairseq-interactive batch with a multiple of 1, so every
+  sentence is translated.
+- ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
+  the dictionary file "@@ " that fairseq's option declares as its constant.
+
+fairseq-generate's assertion that ``--replace-unk`` needs ``--dataset-impl raw`` runs before
+any task hook; :mod:`.generate_cli` lifts it for this task.
+"""
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from fairseq import utils
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
+
+from ..unknown_words import UnknownWordReplacer
+from .source_text import SourceTextDataset, read_text, text_path
+
+
+@dataclass
+class ConvS2STranslationConfig(TranslationConfig):
+    # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
+    # before any generator is built (None when not replacing, and in fairseq-train).
+    replace_unk: Optional[str] = II("generation.replace_unk")
+
+
+@register_task("convs2s_translation", dataclass=ConvS2STranslationConfig)
+class ConvS2STranslationTask(TranslationTask):
+    """Translation with unknown-word replacement (Gehring et al. 2017, word-based models)."""
+
+    cfg: ConvS2STranslationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self._interactive_input = None  # (token tensors, lines) of fairseq-interactive's buffer
+        self._collated = deque()  # interactive batches collated and not yet translated
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        for action in parser._actions:  # present when parsing generation options
+            if action.dest == "replace_unk":
+                action.const = ""  # utils.load_align_dict: "" = no dictionary, copy
+
+    @property
+    def replaces_unknown_words(self) -> bool:
+        return self.cfg.replace_unk is not None
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if self.replaces_unknown_words:
+            self.datasets[split] = self._with_text(split, self.datasets[split])
+
+    def _with_text(self, split, pairs):
+        data_path = utils.split_paths(self.cfg.data)[0]  # as fairseq's evaluation splits
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        truncated = self.cfg.max_source_positions if self.cfg.truncate_source else None
+        src_lines = read_text(text_path(data_path, split, src, tgt, src), pairs.src_sizes, truncated)
+        tgt_lines = None
+        if pairs.tgt is not None:
+            tgt_lines = read_text(text_path(data_path, split, src, tgt, tgt), pairs.tgt_sizes)
+        return SourceTextDataset(pairs, src_lines, tgt_lines)
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
+        if dataset is not self.datasets.get(self.cfg.train_subset):
+            required_batch_size_multiple = 1  # fairseq would drop a last batch of another size
+        return super().get_batch_iterator(
+            dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
+            required_batch_size_multiple, **kwargs,
+        )
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        encoded = [encode_fn(line) for line in lines]
+        tokens, lengths = super().get_interactive_tokens_and_lengths(encoded, lambda line: line)
+        self._interactive_input = (tokens, encoded)
+        return tokens, lengths
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        pairs = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
+        recorded, self._interactive_input = self._interactive_input, None
+        if not self.replaces_unknown_words or recorded is None or recorded[0] is not src_tokens:
+            return pairs  # not fairseq-interactive's lines: their text is unknown
+        return SourceTextDataset(pairs, recorded[1], on_batch=self._collated.append)
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
+                        prefix_allowed_tokens_fn=None):
+        generator = super().build_generator(
+            models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
+        )
+        replace_unk = getattr(args, "replace_unk", None)
+        if replace_unk is None or getattr(args, "score_reference", False):
+            return generator
+        return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
+                                   utils.load_align_dict(replace_unk))
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
+            sample = dict(sample, src_text=self._collated_text(sample))
+        return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+
+    def _collated_text(self, sample):
+        """The source lines of an interactive batch. fairseq-interactive passes inference_step
+        only the batch's tensors, and translates its batches in the order they are collated,
+        which is when their text was recorded."""
+        if not self._collated:
+            raise RuntimeError("unknown-word replacement: no source text was recorded for this "
+                               "batch (only fairseq-generate's and fairseq-interactive's "
+                               "batches carry it)")
+        batch = self._collated.popleft()
+        if not torch.equal(batch["net_input"]["src_tokens"], sample["net_input"]["src_tokens"].cpu()):
+            raise RuntimeError("unknown-word replacement: the batch being translated is not the "
+                               "one collated next; its source text is unknown")
+        return batch["src_text"]
