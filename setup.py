@@ -32,6 +32,7 @@ setup(
             "convs2s-align-dict = preprocess.align:main",
             "convs2s-postprocess = preprocess.postprocess:main",
             "convs2s-recipe = recipes.run:main",
+            "convs2s-import-fconv = fairseq_convs2s_ext.import_fconv:main",
         ]
     },
 )

@@ -1,4 +1,5 @@
 """The ConvS2S encoder (sections 3.1, 3.2, 3.4)."""
+import torch
 import torch.nn as nn
 from fairseq.models import FairseqEncoder
 from fairseq.modules import FairseqDropout, GradMultiply
@@ -52,10 +53,34 @@ class ConvS2SEncoder(FairseqEncoder):
         return {"encoder_out": (z, scaled_sum(z, e)), "encoder_padding_mask": padding_mask}
 
     def reorder_encoder_out(self, encoder_out, new_order):
+        """Row r of the decoder's batch now continues row new_order[r].
+
+        Beam search gives each sentence several consecutive rows that read the same
+        source. The encoder output keeps one row per sentence and says how many decoder
+        rows share it (``"beam"``), so a beam's reordering, which stays within each
+        sentence, copies nothing, and attention reads each source once per sentence
+        (as fairseq's BeamableMM). Any other order gives one row per decoder row.
+        """
+        beam = encoder_out.get("beam", 1)
+        rows = encoder_out["encoder_out"][0].size(0)
+        sources = new_order.div(beam, rounding_mode="floor") if beam > 1 else new_order
+        group = beam if beam > 1 else max(1, new_order.numel() // rows)
+        if new_order.numel() % group == 0:
+            grouped = sources.view(-1, group)
+            first = grouped[:, 0]
+            if torch.equal(grouped, first.unsqueeze(1).expand_as(grouped)):
+                if first.numel() == rows and torch.equal(first, torch.arange(rows, device=first.device)):
+                    return dict(encoder_out, beam=group)
+                return self._select(encoder_out, first, group)
+        return self._select(encoder_out, sources, 1)
+
+    @staticmethod
+    def _select(encoder_out, rows, beam):
         mask = encoder_out["encoder_padding_mask"]
         return {
-            "encoder_out": tuple(t.index_select(0, new_order) for t in encoder_out["encoder_out"]),
-            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
+            "encoder_out": tuple(t.index_select(0, rows) for t in encoder_out["encoder_out"]),
+            "encoder_padding_mask": None if mask is None else mask.index_select(0, rows),
+            "beam": beam,
         }
 
     def max_positions(self):

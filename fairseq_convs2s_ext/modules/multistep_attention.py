@@ -25,11 +25,15 @@ class MultiStepAttention(nn.Module):
     def forward(self, h, target_embedding, encoder_out):
         """h: B x T x channels; target_embedding g: B x T x embed_dim.
 
-        Returns the new h and the attention a (B x T x S).
+        Returns the new h and the attention a (B x T x S). When ``encoder_out["beam"]`` is b,
+        the encoder output has one row per b consecutive rows of h (the hypotheses of one
+        sentence in beam search), and each source is read once for all of them.
         """
         keys, values = encoder_out["encoder_out"]
         padding_mask = encoder_out["encoder_padding_mask"]
+        batch, steps, _ = h.shape
         d = scaled_sum(self.in_projection(h), target_embedding)
+        d = d.reshape(keys.size(0), -1, d.size(-1))  # the b hypotheses of a sentence side by side
         scores = torch.bmm(d, keys.transpose(1, 2))
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
@@ -40,4 +44,5 @@ class MultiStepAttention(nn.Module):
         else:
             m = (~padding_mask).sum(dim=1).to(c.dtype).view(-1, 1, 1)
         c = c * (m * torch.rsqrt(m))
+        c, a = c.view(batch, steps, -1), a.view(batch, steps, -1)
         return scaled_sum(self.out_projection(c), h), a
