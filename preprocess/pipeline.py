@@ -13,7 +13,9 @@ Layout of the output directory::
     tok/{train,valid,test}.LANG    normalized, tokenized text
     tok/train.clean.LANG           cleaned training text (input of convs2s-align-dict)
     bpe/codes, bpe/SPLIT.LANG      BPE codes and segmented text (not with --no-bpe)
-    bin/                           fairseq-preprocess output: dict.LANG.txt, *.bin, *.idx
+    bin/                           fairseq-preprocess output: dict.LANG.txt, *.bin, *.idx,
+                                   and SPLIT.SRC-TGT.LANG.txt, the text that was binarized
+                                   (read by convs2s_translation for --replace-unk)
     prepare.json                   the options the directory was prepared with
 
 A rerun skips the steps whose outputs exist, so an interrupted run resumes where it
@@ -23,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from typing import Optional
 
@@ -123,12 +126,20 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
         text = segmented
 
     bindir = os.path.join(outdir, "bin")
+
+    def binarize_with_text(out: str) -> None:
+        binarize(out, src_lang, tgt_lang, trainpref=text["train"],
+                 validpref=text.get("valid"), testpref=text.get("test"),
+                 srcdict=srcdict, joined_dictionary=joined_dictionary,
+                 nwords=nwords, workers=workers)
+        # The binarized text beside the binaries, for convs2s_translation's --replace-unk.
+        for split, prefix in text.items():
+            for lang in langs:
+                shutil.copyfile(f"{prefix}.{lang}",
+                                os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}.txt"))
+
     run_step("binarize", [path for prefix in text.values() for path in files(prefix)],
-             [bindir],
-             lambda out: binarize(out, src_lang, tgt_lang, trainpref=text["train"],
-                                  validpref=text.get("valid"), testpref=text.get("test"),
-                                  srcdict=srcdict, joined_dictionary=joined_dictionary,
-                                  nwords=nwords, workers=workers))
+             [bindir], binarize_with_text)
     logger.info("done: binarized data in %s; tokenized training text for "
                 "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
     return bindir
