@@ -1,0 +1,100 @@
+"""Beam search reads each source once per sentence: the encoder output is shared by a
+sentence's hypotheses, and a beam's reordering copies nothing (see bench/README.md)."""
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from model_helpers import build, random_tokens
+
+ODD_SHAPES = dict(
+    encoder_layers="[(16, 3), (24, 2), (24, 1), (16, 4)]",
+    decoder_layers="[(16, 2), (24, 3), (24, 1), (16, 4)]",
+    decoder_attention="[True, False, True, True]",
+)
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def encode(model, d, batch=3, length=6):
+    src = random_tokens(d, batch, length)
+    src[1, :2] = d.pad()
+    return model.encoder(src, src.ne(d.pad()).sum(1)), src
+
+
+def expand(encoder_out, order):
+    """The encoder output with one row per decoder row, as a plain index_select gives it."""
+    mask = encoder_out["encoder_padding_mask"]
+    return {"encoder_out": tuple(t.index_select(0, order) for t in encoder_out["encoder_out"]),
+            "encoder_padding_mask": None if mask is None else mask.index_select(0, order)}
+
+
+def test_beam_reorders_share_the_encoder_output():
+    model, d = build(**ODD_SHAPES)
+    model.eval()
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+    z = encoder_out["encoder_out"][0]
+    beam = 4
+    # The generator's expansion to `beam` rows per sentence copies nothing.
+    expanded = model.encoder.reorder_encoder_out(encoder_out, torch.arange(3).repeat_interleave(beam))
+    assert expanded["beam"] == beam and expanded["encoder_out"][0] is z
+    # Hypotheses reordered within their sentence: nothing copied either.
+    within = torch.tensor([1, 1, 0, 3, 4, 6, 6, 6, 11, 8, 9, 9])
+    reordered = model.encoder.reorder_encoder_out(expanded, within)
+    assert reordered["encoder_out"][0] is z and reordered["beam"] == beam
+    # A finished sentence leaves the batch: one row per remaining sentence.
+    shrunk = model.encoder.reorder_encoder_out(reordered, torch.tensor([0, 1, 2, 3, 9, 8, 10, 11]))
+    assert shrunk["beam"] == beam
+    torch.testing.assert_close(shrunk["encoder_out"][0], z[[0, 2]], rtol=0, atol=0)
+    # An order that mixes sentences within a group: one row per decoder row again.
+    mixed = model.encoder.reorder_encoder_out(shrunk, torch.tensor([0, 4, 1, 2]))
+    assert mixed["beam"] == 1
+    torch.testing.assert_close(mixed["encoder_out"][1], encoder_out["encoder_out"][1][[0, 2, 0, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(mixed["encoder_padding_mask"], encoder_out["encoder_padding_mask"][[0, 2, 0, 0]])
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_shared_encoder_output_gives_the_same_outputs(incremental):
+    model, d = build(**ODD_SHAPES)
+    model.eval()
+    beam, steps = 3, 5
+    order = torch.arange(3).repeat_interleave(beam)
+    tgt = random_tokens(d, 3 * beam, steps)
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+        shared = model.encoder.reorder_encoder_out(encoder_out, order)
+        assert shared["beam"] == beam
+        outputs = []
+        for enc in (shared, expand(encoder_out, order)):
+            if incremental:
+                state, logits, attn = {}, [], []
+                for t in range(steps):
+                    out = model.decoder(tgt[:, : t + 1], enc, incremental_state=state)
+                    logits.append(out[0])
+                    attn.append(out[1]["attn"][0])
+                outputs.append((torch.cat(logits, 1), torch.cat(attn, 1)))
+            else:
+                out = model.decoder(tgt, enc)
+                outputs.append((out[0], out[1]["attn"][0]))
+    torch.testing.assert_close(outputs[0][0], outputs[1][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-6, rtol=0)
+
+
+def test_beam_search_with_shared_encoder_output_finds_the_same_hypotheses():
+    """The same beam search with the sharing turned off (a reorder that copies every row)."""
+    model, d = build(**ODD_SHAPES)
+    model.eval()
+    src = random_tokens(d, 4, 7)
+    src[2, :3] = d.pad()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    shared = SequenceGenerator([model], d, beam_size=5, max_len_b=10).generate([model], sample)
+    model.encoder.reorder_encoder_out = lambda encoder_out, new_order: expand(encoder_out, new_order)
+    copied = SequenceGenerator([model], d, beam_size=5, max_len_b=10).generate([model], sample)
+    for a, b in zip(shared, copied):
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"])
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], atol=1e-5, rtol=0)
+            torch.testing.assert_close(x["attention"], y["attention"], atol=1e-6, rtol=0)
