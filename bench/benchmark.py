@@ -1,0 +1,316 @@
+"""fairseq fconv vs convs2s: training throughput, generation speed and peak memory.
+
+One run, one table of ratios (ours / fconv), on Multi30k en-de with joint BPE (prepared
+into a cache folder on first use, see bench/data.py). Both models have the same
+architecture (default fconv_iwslt_de_en) and identical weights: ours is always imported
+from fconv with convs2s-import-fconv's conversion.
+
+1. Training: the same batches, initial weights, loss and optimizer; the models take
+   turns update by update. Target tokens per second, loss curves side by side, and the
+   validation loss after the last update.
+2. Generation on test_2016_flickr with fairseq's SequenceGenerator (beam 5 and 1,
+   batches of 128, every sentence): sentences and tokens per second, whether the
+   hypotheses are identical, BLEU. Translates with a trained fconv (--checkpoint, or
+   one trained once by fairseq-train into the cache, see bench/reference.py).
+3. Peak memory of each workload, each in a process of its own (see bench/memory.py).
+
+The machine's measured matrix-multiply GFLOP/s is printed so the fraction of peak can be
+read. --quick runs a few updates and sentences (minutes, a smoke test, not a measurement).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from bench.data import prepare  # noqa: E402
+from bench.fused_loss import fused_criterion  # noqa: E402
+from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns  # noqa: E402
+from bench.machine import matmul_gflops  # noqa: E402
+from bench.models import convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task  # noqa: E402
+from bench.reference import reference_checkpoint  # noqa: E402
+from bench.training import TrainingRun, autocast, train_side_by_side, training_batches  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few updates and sentences: a smoke test in minutes")
+    p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--merges", type=int, default=10000, help="joint BPE merges")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=2, help="torch threads (CPU)")
+    p.add_argument("--low-precision", default=None, choices=["bf16", "fp16", "none"],
+                   help="autocast dtype of the extra 'ours' run (default bf16; fp16 needs cuda)")
+    p.add_argument("--fconv-gradient-scale", action="store_true",
+                   help="give ours fconv's encoder gradient scale 1/(2N) instead of the paper's 1/N: "
+                        "then both compute the same gradients and the loss curves coincide")
+    p.add_argument("--fused-loss", action="store_true",
+                   help="add a training run of ours (in --low-precision) with bench/fused_loss.py's loss, "
+                        "to show what the criterion costs")
+    p.add_argument("--updates", type=int, default=200, help="timed training updates per model")
+    p.add_argument("--warmup", type=int, default=5, help="first updates not timed")
+    p.add_argument("--max-tokens", type=int, default=4000)
+    p.add_argument("--beams", default="5,1")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="passes over the test set per model; the best counts")
+    p.add_argument("--checkpoint", help="trained fconv checkpoint for generation (default: the cached reference)")
+    p.add_argument("--reference-epochs", type=int, default=3)
+    p.add_argument("--skip", default="", help="comma-separated phases to skip: train,generate,memory")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler tables of one batch each")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.low_precision is None:
+        args.low_precision = "bf16"
+    if args.low_precision == "fp16" and args.device == "cpu":
+        p.error("--low-precision fp16 needs --device cuda (CPU autocast: bf16)")
+    if args.quick:
+        args.updates, args.warmup, args.repeats = min(args.updates, 8), min(args.warmup, 2), 1
+    return args
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def train_flops(model, task, sample):
+    """Matrix-multiply FLOPs of one training update (forward and backward) of `model`."""
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        net_output = model(**sample["net_input"])
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        lprobs.sum().backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def run_training(args, task, results):
+    fconv, fconv_args = new_fconv(task, args.arch, args.dropout)
+    ours = convs2s_like(fconv, fconv_args, task)
+    runs = [TrainingRun("fconv", fconv, task, "fp32", args.device), TrainingRun("ours", ours, task, "fp32", args.device)]
+    if args.low_precision != "none":
+        runs.append(TrainingRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
+                                args.low_precision, args.device))
+    if args.fused_loss:
+        precision = "fp32" if args.low_precision == "none" else args.low_precision
+        runs.append(TrainingRun(f"ours {precision} fused loss", convs2s_like(fconv, fconv_args, task), task,
+                                precision, args.device, criterion=fused_criterion(task)))
+    if args.fconv_gradient_scale:
+        for run in runs[1:]:
+            run.model.encoder.gradient_scale /= 2
+    batches = training_batches(task, args.max_tokens, args.warmup + args.updates)
+    log(f"training {len(runs)} models for {len(batches)} updates each ({args.warmup} untimed)")
+    torch.manual_seed(1)
+    start = time.time()
+    train_side_by_side(runs, batches)
+    log(f"  {time.time() - start:.0f} s")
+    valid = training_batches(task, args.max_tokens, 5 if args.quick else 10**9, split="valid")
+    flops_per_token = train_flops(convs2s_like(fconv, fconv_args, task), task, batches[0]) / batches[0]["ntokens"]
+    for run in runs:
+        loss, nll = run.validation_loss(valid, task)
+        results[run.name]["train tokens/s"] = run.tokens_per_second(args.warmup)
+        results[run.name]["train GFLOP/s"] = run.tokens_per_second(args.warmup) * flops_per_token / 1e9
+        results[run.name]["valid loss"] = loss
+        results[run.name]["valid nll"] = nll
+    results["loss curves"] = {run.name: run.losses for run in runs}
+
+
+def bleu(task, hypotheses, lang="de"):
+    import sacrebleu
+    from sacremoses import MosesDetokenizer
+
+    from bench.data import data_root
+
+    with open(data_root() / "multi30k" / f"test_2016_flickr.{lang}", encoding="utf-8") as f:
+        references = [line.strip() for line in f]
+    detok = MosesDetokenizer(lang)
+    ids = sorted(hypotheses)
+    text = [detok.detokenize(task.target_dictionary.string(hypotheses[i], "subword_nmt").split()) for i in ids]
+    return sacrebleu.corpus_bleu(text, [[references[i] for i in ids]]).score
+
+
+def run_generation(args, task, fconv, fconv_args, results):
+    limit = 1 if args.quick else None
+    batches = generation_batches(task, args.batch_size, limit=limit)
+    n = sum(len(b["id"]) for b in batches)
+    for beam in [int(b) for b in args.beams.split(",")]:
+        options = generation_options(beam, *((1.2, 10) if args.quick else ()))
+        runs = [GenerationRun("fconv", fconv_copy(fconv, fconv_args, task), task, options, "fp32", args.device),
+                GenerationRun("ours", convs2s_like(fconv, fconv_args, task), task, options, "fp32", args.device)]
+        if args.low_precision != "none":
+            runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
+                                      options, args.low_precision, args.device))
+        log(f"generating {n} sentences at beam {beam}, {args.repeats} passes per model")
+        best = translate_in_turns(runs, batches, args.repeats)
+        reference = runs[0].hypotheses
+        for run in runs:
+            r = results[run.name]
+            r[f"beam {beam} sentences/s"] = n / best[run.name]
+            r[f"beam {beam} tokens/s"] = run.generated_tokens() / best[run.name]
+            r[f"beam {beam} identical"] = sum(torch.equal(reference[i], run.hypotheses[i]) for i in reference)
+            r[f"beam {beam} BLEU"] = bleu(task, run.hypotheses)
+        results["sentences"] = n
+
+
+def memory(args, data_bin, phase, checkpoint, precision, beam=5):
+    command = [sys.executable, "-m", "bench.memory", phase, str(checkpoint), "--data", str(data_bin),
+               "--precision", precision, "--device", args.device, "--threads", str(args.threads),
+               "--max-tokens", str(args.max_tokens), "--updates", str(2 if args.quick else 10),
+               "--beam", str(beam), "--batch-size", str(args.batch_size)]
+    if args.quick:
+        command += ["--batches", "1", "--max-len-a", "1.2", "--max-len-b", "10"]
+    out = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        log(f"  failed: {' '.join(command)}\n" + "\n".join(out.stderr.splitlines()[-5:]))
+        return None
+    m = json.loads(out.stdout)
+    return m["peak_mib"] - m["before_mib"]
+
+
+def run_memory(args, data_bin, task, fconv, fconv_args, results):
+    from fairseq.checkpoint_utils import torch_persistent_save
+
+    from fairseq_convs2s_ext.import_fconv import convert_checkpoint
+
+    fresh, fresh_args = new_fconv(task, args.arch, args.dropout)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for phase, model, model_args in (("train", fresh, fresh_args), ("generate", fconv, fconv_args)):
+            state = {"args": model_args, "model": model.state_dict(), "last_optimizer_state": None,
+                     "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                            "optimizer_name": "FairseqNAG", "lr_scheduler_state": {},
+                                            "num_updates": 0}],
+                     "extra_state": {"train_iterator": {"epoch": 1}}}
+            paths[phase, "fconv"] = os.path.join(tmp, f"{phase}-fconv.pt")
+            paths[phase, "ours"] = os.path.join(tmp, f"{phase}-ours.pt")
+            torch_persistent_save(state, paths[phase, "fconv"])
+            torch_persistent_save(convert_checkpoint(state), paths[phase, "ours"])
+        for phase in ("train", "generate"):
+            log(f"peak memory: {phase}")
+            names = [("fconv", "fconv", "fp32"), ("ours", "ours", "fp32")]
+            if args.low_precision != "none":
+                names.append((f"ours {args.low_precision}", "ours", args.low_precision))
+            for name, model, precision in names:
+                results[name][f"{phase} peak MiB"] = memory(args, data_bin, phase, paths[phase, model], precision)
+
+
+def profile(args, task, fconv, fconv_args):
+    """torch.profiler tables: one training update and one beam-5 batch of each model."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    sample = training_batches(task, args.max_tokens, 1)[0]
+    batch = generation_batches(task, args.batch_size, limit=2)[1]
+    copies = {"fconv": lambda: fconv_copy(fconv, fconv_args, task), "ours": lambda: convs2s_like(fconv, fconv_args, task)}
+    variants = [("fconv", "fconv", "fp32"), ("ours", "ours", "fp32")]
+    if args.low_precision != "none":
+        variants.append((f"ours {args.low_precision}", "ours", args.low_precision))
+    for name, model, precision in variants:
+        run = TrainingRun(name, copies[model](), task, precision, args.device)
+        run.update(sample)
+        with torch_profile(activities=activities) as prof:
+            run.update(sample)
+        print(f"\n== training update, {name} ==")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        gen = GenerationRun(name, copies[model](), task, generation_options(5), precision, args.device)
+        gen.translate([batch])
+        with torch_profile(activities=activities) as prof:
+            gen.translate([batch])
+        print(f"\n== beam 5, {len(batch['id'])} sentences, {name} ==")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+
+
+def print_table(args, results, machine):
+    names = [n for n in results if isinstance(results[n], dict) and n != "loss curves"]
+    metrics = []
+    for name in names:
+        metrics += [m for m in results[name] if m not in metrics]
+    print(f"\nmachine: {machine['device']}, {args.threads} threads; torch.mm {machine['n']}^3: "
+          f"fp32 {machine['fp32 GFLOP/s']:.0f} GFLOP/s, bf16 {machine['bf16 GFLOP/s']:.0f} GFLOP/s")
+    print(f"arch {args.arch}, Multi30k en-de BPE {args.merges}; training: {args.updates} timed updates of "
+          f"{args.max_tokens} tokens; generation: {results.get('sentences', '-')} sentences, batch {args.batch_size}"
+          + ("  [QUICK: smoke test, not a measurement]" if args.quick else ""))
+    header = ["metric"] + [n for n in names] + [f"{n} / fconv" for n in names if n != "fconv"]
+    rows = []
+    for metric in metrics:
+        row = [metric]
+        for name in names:
+            v = results[name].get(metric)
+            row.append("-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+        for name in names[1:]:
+            a, b = results[name].get(metric), results["fconv"].get(metric)
+            row.append(f"{a / b:.3f}" if isinstance(a, (int, float)) and b else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    if any("train GFLOP/s" in results[n] for n in names):
+        print("train GFLOP/s as a fraction of torch.mm's: " + ", ".join(
+            f"{n} {results[n]['train GFLOP/s'] / machine[('bf16' if 'bf16' in n else 'fp32') + ' GFLOP/s']:.0%}"
+            for n in names if "train GFLOP/s" in results[n]))
+    if "loss curves" in results:
+        curves = results["loss curves"]
+        every = max(1, len(next(iter(curves.values()))) // 10)
+        print("\ntraining loss (label-smoothed, bits per target token), mean over the last updates:")
+        print("update  " + "  ".join(f"{n:>12}" for n in curves))
+        length = len(next(iter(curves.values())))
+        for end in range(every, length + 1, every):
+            print(f"{end:6d}  " + "  ".join(f"{sum(c[end - every:end]) / every:12.4f}" for c in curves.values()))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    skip = set(filter(None, args.skip.split(",")))
+    data_bin = prepare("en", "de", args.merges)
+    task = translation_task(data_bin)
+    machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)",
+               "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),
+               "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device)}
+    low = f"ours {args.low_precision}"
+    results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {})}
+    if args.fused_loss and "train" not in skip:
+        results[f"ours {'fp32' if args.low_precision == 'none' else args.low_precision} fused loss"] = {}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+
+    try:  # a failing phase still leaves the table of the others
+        if "train" not in skip:
+            run_training(args, task, results)
+            save()
+        if not {"generate", "memory"} <= skip or args.profile:
+            if args.checkpoint:
+                fconv, fconv_args = load_fconv(args.checkpoint, task)
+            elif args.quick:
+                fconv, fconv_args = new_fconv(task, args.arch, args.dropout)
+            else:
+                fconv, fconv_args = load_fconv(reference_checkpoint(data_bin, args.arch, args.reference_epochs), task)
+            if args.profile:
+                profile(args, task, fconv, fconv_args)
+            if "generate" not in skip:
+                run_generation(args, task, fconv, fconv_args, results)
+                save()
+            if "memory" not in skip:
+                run_memory(args, data_bin, task, fconv, fconv_args, results)
+    finally:
+        for dtype in ("fp32", "bf16"):  # the best of a measurement before and after: the machine is shared
+            again = matmul_gflops(torch.float32 if dtype == "fp32" else torch.bfloat16, args.device)
+            machine[f"{dtype} GFLOP/s"] = max(machine[f"{dtype} GFLOP/s"], again)
+        save()
+        print_table(args, results, machine)
+
+if __name__ == "__main__":
+    main()

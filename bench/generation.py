@@ -1,0 +1,77 @@
+"""Generation speed as fairseq-generate sees it: beam search over the test set.
+
+Each model is prepared as fairseq-generate prepares it (``prepare_for_inference_``: fconv
+swaps in BeamableMM, ours folds weight normalization) and translates with fairseq's
+SequenceGenerator through ``task.inference_step``, batches of up to 128 sentences
+(``--required-batch-size-multiple 1``, so no sentence is dropped).
+"""
+import argparse
+import itertools
+import time
+
+import torch
+from fairseq import utils
+from omegaconf import OmegaConf
+
+from .training import autocast, synchronize
+
+
+def generation_batches(task, batch_size, split="test", limit=None):
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_sentences=batch_size, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=1,
+    ).next_epoch_itr(shuffle=False)
+    batches = list(itr)
+    if limit is not None and limit < len(batches):  # spread over short and long sentences
+        step = len(batches) / limit
+        batches = [batches[int(i * step)] for i in range(limit)]
+    return batches
+
+
+def generation_options(beam, max_len_a=0.0, max_len_b=200):
+    """fairseq-generate's defaults but for the beam (and length limit)."""
+    return argparse.Namespace(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b, min_len=1, lenpen=1.0,
+                              unkpen=0.0, nbest=1)
+
+
+def prepared(model, beam, device):
+    """`model` made ready as fairseq-generate does it (for one beam size: pass a fresh copy)."""
+    model = model.to(device).eval()
+    cfg = OmegaConf.create({"generation": {"beam": beam, "no_beamable_mm": False, "print_alignment": None}})
+    model.prepare_for_inference_(cfg)
+    return model
+
+
+class GenerationRun:
+    def __init__(self, name, model, task, options, precision="fp32", device="cpu"):
+        self.name, self.task, self.precision, self.device = name, task, precision, device
+        self.model = prepared(model, options.beam, device)
+        self.generator = task.build_generator([self.model], options)
+        self.times, self.hypotheses = [], {}
+
+    def translate(self, batches):
+        """Translate every batch once; returns the seconds it took."""
+        total, generated = 0.0, 0
+        for sample in batches:
+            sample = utils.move_to_cuda(sample) if self.device == "cuda" else sample
+            synchronize(self.device)
+            start = time.perf_counter()
+            with autocast(self.device, self.precision):
+                hypos = self.task.inference_step(self.generator, [self.model], sample)
+            synchronize(self.device)
+            total += time.perf_counter() - start
+            for i, sample_id in enumerate(sample["id"].tolist()):
+                self.hypotheses[sample_id] = hypos[i][0]["tokens"].cpu()
+        self.times.append(total)
+        return total
+
+    def generated_tokens(self):
+        return sum(len(t) for t in self.hypotheses.values())
+
+
+def translate_in_turns(runs, batches, repeats):
+    """Each run translates the whole set `repeats` times, taking turns; the best time counts."""
+    for _, run in itertools.product(range(repeats), runs):
+        run.translate(batches)
+    return {run.name: min(run.times) for run in runs}

@@ -1,0 +1,121 @@
+"""What each speed lever of convs2s buys: the same model with levers switched off one at a time.
+
+    python bench/levers.py [--checkpoint FCONV.pt] [--sentences N] [--beam 5] [--updates N]
+
+Generation (beam search over the test set, fairseq's SequenceGenerator) and training
+(updates on the same batches) of convs2s imported from the same fconv, with:
+
+- ``no shared source``: the encoder output copied to every hypothesis and reordered with
+  the beam at every step (one row per hypothesis, as fconv and the first version did);
+- ``no weight-norm fold``: generation with weight normalization's g and v kept;
+- ``out-of-place sums``: (a + b) * sqrt(0.5) as two new tensors;
+- ``bf16``: the whole model under torch.autocast(bfloat16).
+
+Runs take turns pass by pass, so load from other processes hits them alike; the best
+pass counts. Prints one row per variant with its speed relative to ``all levers``.
+"""
+import argparse
+import contextlib
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench.data import prepare  # noqa: E402
+from bench.generation import GenerationRun, generation_batches, generation_options  # noqa: E402
+from bench.models import convs2s_like, load_fconv, new_fconv, translation_task  # noqa: E402
+from bench.reference import reference_checkpoint  # noqa: E402
+from bench.training import TrainingRun, training_batches  # noqa: E402
+
+
+def _plain_reorder(encoder_out, new_order):
+    mask = encoder_out["encoder_padding_mask"]
+    return {"encoder_out": tuple(t.index_select(0, new_order) for t in encoder_out["encoder_out"]),
+            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order)}
+
+
+@contextlib.contextmanager
+def out_of_place_sums():
+    from fairseq_convs2s_ext.models import convs2s_decoder, convs2s_encoder
+    from fairseq_convs2s_ext.modules import multistep_attention
+
+    modules = (convs2s_decoder, convs2s_encoder, multistep_attention)
+    saved = [m.scaled_sum for m in modules]
+    for m in modules:
+        m.scaled_sum = lambda a, b: (a + b) * math.sqrt(0.5)
+    try:
+        yield
+    finally:
+        for m, f in zip(modules, saved):
+            m.scaled_sum = f
+
+
+def variant(fconv, fconv_args, task, lever):
+    """convs2s with one lever off (lever None: all on)."""
+    from fairseq.models import FairseqEncoderDecoderModel
+
+    model = convs2s_like(fconv, fconv_args, task)
+    if lever == "no shared source":
+        model.encoder.reorder_encoder_out = _plain_reorder
+    if lever == "no weight-norm fold":
+        model.make_generation_fast_ = lambda **kw: FairseqEncoderDecoderModel.make_generation_fast_(model, **kw)
+    return model, out_of_place_sums() if lever == "out-of-place sums" else contextlib.nullcontext()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="trained fconv checkpoint (default: bench/reference.py's)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batches", type=int, default=None, help="test batches of 128 (default: all)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--updates", type=int, default=20, help="timed training updates per variant (0: none)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data_bin = prepare()
+    task = translation_task(data_bin)
+    fconv, fconv_args = load_fconv(args.checkpoint or reference_checkpoint(data_bin), task)
+
+    levers = [None, "no shared source", "no weight-norm fold", "out-of-place sums", "bf16"]
+    batches = generation_batches(task, 128, limit=args.batches)
+    runs = []
+    for lever in levers:
+        model, context = variant(fconv, fconv_args, task, lever)
+        runs.append((lever, context, GenerationRun(str(lever), model, task, generation_options(args.beam),
+                                                   "bf16" if lever == "bf16" else "fp32")))
+    for _ in range(args.repeats):
+        for _, context, run in runs:
+            with context:
+                run.translate(batches)
+    n = sum(len(b["id"]) for b in batches)
+    base = min(runs[0][2].times)
+    print(f"generation, beam {args.beam}, {n} sentences, {args.threads} threads (best of {args.repeats}):")
+    for lever, _, run in runs:
+        same = sum(torch.equal(run.hypotheses[i], runs[0][2].hypotheses[i]) for i in run.hypotheses)
+        print(f"  {str(lever or 'all levers'):22s} {n / min(run.times):7.1f} sentences/s  "
+              f"x{base / min(run.times):.3f} of all levers  identical {same}/{n}")
+
+    if args.updates:
+        fresh, fresh_args = new_fconv(task, fconv_args.arch, 0.2)
+        batches = training_batches(task, 4000, args.updates + 2)
+        runs = []
+        for lever in (None, "out-of-place sums", "bf16"):
+            model, context = variant(fresh, fresh_args, task, lever)
+            runs.append((lever, context, TrainingRun(str(lever), model, task, "bf16" if lever == "bf16" else "fp32")))
+        for sample in batches:
+            for _, context, run in runs:
+                with context:
+                    run.update(sample)
+        base = runs[0][2].tokens_per_second(2)
+        print(f"training, {args.updates} updates of 4000 tokens:")
+        for lever, _, run in runs:
+            print(f"  {str(lever or 'all levers'):22s} {run.tokens_per_second(2):7.0f} tokens/s  "
+                  f"x{run.tokens_per_second(2) / base:.3f} of all levers")
+
+
+if __name__ == "__main__":
+    main()

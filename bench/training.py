@@ -1,0 +1,99 @@
+"""Training throughput: the same batches, initial weights, loss and optimizer for every model.
+
+The update is fairseq's: label-smoothed cross entropy (0.1) summed over the batch,
+gradients divided by the number of target tokens, clipped to norm 0.1, one NAG step
+(lr 0.25, momentum 0.99, the paper's settings). The models take turns update by update, so
+a slowdown from another process on the machine hits all of them alike. Only the update
+itself is timed (forward, backward, clipping, optimizer step), not batch loading.
+"""
+import contextlib
+import itertools
+import math
+import time
+
+import torch
+from fairseq import utils
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.optim.nag import NAG
+
+
+def training_batches(task, max_tokens, count, seed=1, split="train"):
+    """The first `count` batches of a shuffled epoch, as fairseq-train forms them."""
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=max_tokens, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, seed=seed, required_batch_size_multiple=8,
+    ).next_epoch_itr(shuffle=split == "train")
+    return list(itertools.islice(itr, count))
+
+
+def autocast(device, precision):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
+
+
+def synchronize(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class TrainingRun:
+    """One model trained update by update; keeps the time and loss of each update."""
+
+    def __init__(self, name, model, task, precision="fp32", device="cpu", criterion=None):
+        self.name, self.model, self.precision, self.device = name, model.to(device), precision, device
+        self.criterion = criterion or LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = NAG(self.params, lr=0.25, momentum=0.99)
+        self.scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
+        self.times, self.tokens, self.losses = [], [], []
+
+    def update(self, sample):
+        sample = utils.move_to_cuda(sample) if self.device == "cuda" else sample
+        self.model.train()
+        synchronize(self.device)
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(self.device, self.precision):
+            loss, sample_size, log = self.criterion(self.model, sample)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.div_(sample_size)
+        torch.nn.utils.clip_grad_norm_(self.params, 0.1)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        synchronize(self.device)
+        self.times.append(time.perf_counter() - start)
+        self.tokens.append(sample["ntokens"])
+        self.losses.append(loss.item() / sample_size / math.log(2))
+
+    def tokens_per_second(self, skip):
+        return sum(self.tokens[skip:]) / sum(self.times[skip:])
+
+    @torch.no_grad()
+    def validation_loss(self, batches, task):
+        """Label-smoothed loss and nll per target token (base 2) over `batches`, in fp32."""
+        self.model.eval()
+        criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+        loss = nll = size = 0.0
+        for sample in batches:
+            sample = utils.move_to_cuda(sample) if self.device == "cuda" else sample
+            l, s, log = criterion(self.model, sample)
+            loss, nll, size = loss + l.item(), nll + float(log["nll_loss"]), size + s
+        return loss / size / math.log(2), nll / size / math.log(2)
+
+
+def train_side_by_side(runs, batches):
+    """Every run does update i before any does update i + 1."""
+    for sample in batches:
+        for run in runs:
+            run.update(sample)
