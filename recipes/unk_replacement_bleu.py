@@ -4,7 +4,8 @@ unknown-word replacement (Gehring et al. 2017, word-based models).
     python -m recipes.unk_replacement_bleu --workdir /tmp/unk-bleu            # prepare + train
     python -m recipes.unk_replacement_bleu --workdir /tmp/unk-bleu --checkpoint CKPT
 
-Steps, each with the real command-line tools (skipped when its output exists):
+Steps, each with the real command-line tools (a rerun skips the data already prepared and
+resumes training):
 1. Moses-tokenize the corpus (sacremoses: punctuation normalization, ``-a``, no escaping).
 2. ``fairseq-preprocess`` with a word vocabulary of ``--vocab`` words a side, so that rarer
    words become ``<unk>``; each split's tokenized text is written beside its binary files as
@@ -90,16 +91,15 @@ def build_align_dict(workdir: Path) -> Path:
 
 
 def train(data: Path, save_dir: Path, arch: str, max_epoch: int, *options) -> Path:
-    """Step 4: the best checkpoint of a word-level model trained on ``data``."""
-    best = save_dir / "checkpoint_best.pt"
-    if not best.exists():
-        run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "convs2s_translation",
-             "--arch", arch, "--criterion", "convs2s_cross_entropy", "--label-smoothing", 0.1,
-             "--optimizer", "nag", "--lr", 0.25, "--clip-norm", 0.1,
-             "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", 0.1,
-             "--max-epoch", max_epoch, "--save-dir", save_dir, "--no-epoch-checkpoints",
-             "--seed", 1, "--log-format", "simple", *options], capture=False)
-    return best
+    """Step 4: the best checkpoint of a word-level model trained on ``data`` (fairseq-train
+    resumes from ``save_dir``'s last checkpoint, and stops at once when it is complete)."""
+    run([BIN / "fairseq-train", data, "--user-dir", USER_DIR, "--task", "convs2s_translation",
+         "--arch", arch, "--criterion", "convs2s_cross_entropy", "--label-smoothing", 0.1,
+         "--optimizer", "nag", "--lr", 0.25, "--clip-norm", 0.1,
+         "--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", 0.1,
+         "--max-epoch", max_epoch, "--save-dir", save_dir, "--no-epoch-checkpoints",
+         "--seed", 1, "--log-format", "simple", *options], capture=False)
+    return save_dir / "checkpoint_best.pt"
 
 
 def generate(data: Path, checkpoint: Path, *options) -> Dict[int, Dict[str, str]]:
@@ -153,10 +153,12 @@ def main(argv=None):
     parser.add_argument("--max-epoch", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=4000,
                         help="batch token limit; batches hold at most 64 sentences (section 4)")
-    parser.add_argument("--checkpoint", type=Path, help="score this model instead of training")
+    parser.add_argument("--checkpoint", type=Path, help="score this model instead of training "
+                        "one (trained on this workdir's data: the same dictionaries)")
     args = parser.parse_args(argv)
 
-    corpus = args.corpus or Path(os.environ.get("CONVS2S_DATA", REPO.parent / "shared" / "data")) / "multi30k"
+    data_root = Path(os.environ.get("CONVS2S_DATA", REPO.parent / "shared" / "data"))
+    corpus = args.corpus or data_root / "multi30k"
     data = prepare_data(args.workdir, corpus, args.vocab, {"train": args.train_lines})
     align_dict = build_align_dict(args.workdir)
     checkpoint = args.checkpoint or train(data, args.workdir / "checkpoints", args.arch,
