@@ -98,3 +98,21 @@ def test_beam_search_with_shared_encoder_output_finds_the_same_hypotheses():
             assert torch.equal(x["tokens"], y["tokens"])
             torch.testing.assert_close(x["positional_scores"], y["positional_scores"], atol=1e-5, rtol=0)
             torch.testing.assert_close(x["attention"], y["attention"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("print_alignment", [False, True])
+def test_attention_is_returned_only_when_alignments_are_wanted(print_alignment):
+    """As fairseq-generate prepares a model: without --print-alignment the decoder returns no
+    attention, so beam search keeps no attention buffer; the hypotheses are the same."""
+    from omegaconf import OmegaConf
+
+    model, d = build(**ODD_SHAPES)
+    src = random_tokens(d, 4, 7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    model.eval()
+    with_attention = SequenceGenerator([model], d, beam_size=5, max_len_b=10).generate([model], sample)
+    model.prepare_for_inference_(OmegaConf.create({"generation": {"beam": 5, "print_alignment": print_alignment}}))
+    hypos = SequenceGenerator([model], d, beam_size=5, max_len_b=10).generate([model], sample)
+    for a, b in zip(hypos, with_attention):
+        assert torch.equal(a[0]["tokens"], b[0]["tokens"])
+        assert (a[0]["attention"].numel() > 0) == print_alignment  # fairseq: empty without attention

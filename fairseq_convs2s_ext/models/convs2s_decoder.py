@@ -14,7 +14,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     Incremental decoding keeps the last k inputs of every convolution, so a step costs the
     same whatever the length of the prefix. The attention returned for generation is the
-    average over the layers that have one.
+    average over the layers that have one; like fconv's, it is left out (None) after
+    ``make_generation_fast_(need_attn=False)``, which fairseq-generate calls unless
+    alignments are printed, so beam search keeps no attention buffers it does not use.
     """
 
     def __init__(self, dictionary, embed_dim, layers, attention, out_embed_dim, dropout, max_positions,
@@ -34,6 +36,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.attention.append(MultiStepAttention(out_channels, embed_dim) if attends else None)
             channels = out_channels
         self.num_attention_layers = sum(attention)
+        self.need_attn = True
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -59,10 +62,15 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             x = convolution(self.dropout(x), incremental_state)
             if attention is not None:
                 x, a = attention(x, g, encoder_out)
-                attention_sum = a if attention_sum is None else attention_sum + a
+                if self.need_attn:
+                    attention_sum = a if attention_sum is None else attention_sum + a
             x = scaled_sum(x, residual)
         logits = self.fc3(self.dropout(self.fc2(x)))
-        return logits, {"attn": [attention_sum / self.num_attention_layers]}
+        average = None if attention_sum is None else attention_sum / self.num_attention_layers
+        return logits, {"attn": [average]}
+
+    def make_generation_fast_(self, need_attn=False, **kwargs):
+        self.need_attn = need_attn
 
     def max_positions(self):
         return self.embed.max_positions

@@ -119,6 +119,9 @@ class ConvS2STranslationTask(TranslationTask):
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
+        for model in models:  # fairseq-generate turned attention off unless printing alignments
+            if hasattr(model.decoder, "need_attn"):
+                model.decoder.need_attn = True
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
                                    utils.load_align_dict(replace_unk))
 
