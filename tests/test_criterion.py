@@ -119,3 +119,50 @@ def test_batch_without_target_tokens_gives_no_nan(setup):
         criterion.reduce_metrics([log])
         criterion.reduce_metrics([empty_log])
     assert mixed.get_smoothed_values() == alone.get_smoothed_values()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_blockwise_loss_and_gradient_equal_fairseqs(eps):
+    """Against fairseq's label_smoothed_nll_loss over log_softmax, with more rows than one
+    block, padding rows, and upstream gradients on both outputs."""
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    from fairseq_convs2s_ext.criterions.blockwise_cross_entropy import ROWS, label_smoothed_cross_entropy
+
+    torch.manual_seed(0)
+    rows, vocab = 2 * ROWS + 17, 50
+    x = torch.randn(rows, vocab, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, vocab, (rows,))
+    target[::7] = PAD
+    upstream_loss, upstream_nll = torch.rand(rows, dtype=torch.float64), torch.rand(rows, dtype=torch.float64)
+
+    expected = label_smoothed_nll_loss(torch.log_softmax(x, -1), target, eps, ignore_index=PAD, reduce=False)
+    expected = [t.view(-1) for t in expected]
+    ((expected[0] * upstream_loss).sum() + (expected[1] * upstream_nll).sum()).backward()
+    expected_grad, x.grad = x.grad.clone(), None
+
+    loss, nll = label_smoothed_cross_entropy(x, target, eps, PAD)
+    torch.testing.assert_close(loss.double(), expected[0].detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(nll.double(), expected[1].detach(), rtol=1e-6, atol=1e-6)
+    ((loss * upstream_loss).sum() + (nll * upstream_nll).sum()).backward()
+    torch.testing.assert_close(x.grad, expected_grad, rtol=1e-5, atol=1e-6)
+    assert x.grad[::7].abs().max() == 0  # padding rows get no gradient
+
+
+def test_blockwise_loss_reads_bf16_logits_in_fp32():
+    from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+
+    from fairseq_convs2s_ext.criterions.blockwise_cross_entropy import label_smoothed_cross_entropy
+
+    torch.manual_seed(0)
+    x = (4 * torch.randn(300, 40)).bfloat16().requires_grad_()
+    target = torch.randint(2, 40, (300,))
+    loss, _ = label_smoothed_cross_entropy(x, target, 0.1, PAD)
+    exact = x.detach().double().requires_grad_()
+    expected, _ = label_smoothed_nll_loss(torch.log_softmax(exact, -1), target, 0.1, ignore_index=PAD, reduce=False)
+    assert loss.dtype == torch.float  # not rounded to bf16
+    torch.testing.assert_close(loss.double(), expected.view(-1).detach(), rtol=1e-6, atol=1e-5)
+    loss.sum().backward()
+    expected.sum().backward()
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-3)  # bf16 rounding only
