@@ -27,12 +27,16 @@ either). What this task adds, each through a task hook:
   sentence is translated.
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
+- ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
+  runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
+  and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
+  is CUDA only. The backward pass runs outside autocast, as torch recommends.
 
 fairseq-generate's assertion that ``--replace-unk`` needs ``--dataset-impl raw`` runs before
 any task hook; :mod:`.generate_cli` lifts it for this task.
 """
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -50,6 +54,11 @@ class ConvS2STranslationConfig(TranslationConfig):
     # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
     # before any generator is built (None when not replacing, and in fairseq-train).
     replace_unk: Optional[str] = II("generation.replace_unk")
+    autocast_bf16: bool = field(
+        default=False,
+        metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
+                          "matrix multiplies, fp32 weights, optimizer state and loss"},
+    )
 
 
 @register_task("convs2s_translation", dataclass=ConvS2STranslationConfig)
@@ -128,7 +137,8 @@ class ConvS2STranslationTask(TranslationTask):
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
             sample = dict(sample, src_text=self._collated_text(sample))
-        return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        with self._autocast(models[0]):
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def _collated_text(self, sample):
         """The source lines of an interactive batch. fairseq-interactive passes inference_step
@@ -143,3 +153,24 @@ class ConvS2STranslationTask(TranslationTask):
             raise RuntimeError("unknown-word replacement: the batch being translated is not the "
                                "one collated next; its source text is unknown")
         return batch["src_text"]
+
+    def _autocast(self, model):
+        device = next(model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``."""
+        if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        model.train()
+        model.set_num_updates(update_num)
+        with self._autocast(model):
+            loss, sample_size, logging_output = criterion(model, sample)
+        if ignore_grad:
+            loss *= 0
+        optimizer.backward(loss)
+        return loss, sample_size, logging_output
+
+    def valid_step(self, sample, model, criterion):
+        with self._autocast(model):
+            return super().valid_step(sample, model, criterion)
