@@ -5,8 +5,9 @@ into a cache folder on first use, see bench/data.py). Both models have the same
 architecture (default fconv_iwslt_de_en) and identical weights: ours is always imported
 from fconv with convs2s-import-fconv's conversion.
 
-1. Training: the same batches, initial weights, loss and optimizer; the models take
-   turns update by update. Target tokens per second, loss curves side by side, and the
+1. Training: the same batches, initial weights, loss and optimizer (each model with its
+   criterion: fairseq's label_smoothed_cross_entropy for fconv, convs2s_cross_entropy for
+   ours, both with smoothing 0.1); the models take turns update by update. Target tokens per second, loss curves side by side, and the
    validation loss after the last update.
 2. Generation on test_2016_flickr with fairseq's SequenceGenerator (beam 5 and 1,
    batches of 128, every sentence): sentences and tokens per second, whether the
@@ -34,10 +35,9 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from bench.data import prepare  # noqa: E402
-from bench.fused_loss import fused_criterion  # noqa: E402
 from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns  # noqa: E402
 from bench.machine import matmul_gflops  # noqa: E402
-from bench.models import convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task  # noqa: E402
+from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task  # noqa: E402
 from bench.reference import reference_checkpoint  # noqa: E402
 from bench.training import TrainingRun, autocast, train_side_by_side, training_batches  # noqa: E402
 
@@ -55,9 +55,6 @@ def parse_args(argv=None):
     p.add_argument("--fconv-gradient-scale", action="store_true",
                    help="give ours fconv's encoder gradient scale 1/(2N) instead of the paper's 1/N: "
                         "then both compute the same gradients and the loss curves coincide")
-    p.add_argument("--fused-loss", action="store_true",
-                   help="add a training run of ours (in --low-precision) with bench/fused_loss.py's loss, "
-                        "to show what the criterion costs")
     p.add_argument("--updates", type=int, default=200, help="timed training updates per model")
     p.add_argument("--warmup", type=int, default=5, help="first updates not timed")
     p.add_argument("--max-tokens", type=int, default=4000)
@@ -65,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="passes over the test set per model; the best counts")
     p.add_argument("--checkpoint", help="trained fconv checkpoint for generation (default: the cached reference)")
-    p.add_argument("--reference-epochs", type=int, default=3)
+    p.add_argument("--reference-epochs", type=int, default=10, help="epochs of the reference fconv (trained once, cached)")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: train,generate,memory")
     p.add_argument("--profile", action="store_true", help="print torch.profiler tables of one batch each")
     p.add_argument("--json", help="also write the results here")
@@ -97,14 +94,11 @@ def train_flops(model, task, sample):
 def run_training(args, task, results):
     fconv, fconv_args = new_fconv(task, args.arch, args.dropout)
     ours = convs2s_like(fconv, fconv_args, task)
-    runs = [TrainingRun("fconv", fconv, task, "fp32", args.device), TrainingRun("ours", ours, task, "fp32", args.device)]
+    runs = [TrainingRun("fconv", fconv, task, "fp32", args.device),
+            TrainingRun("ours", ours, task, "fp32", args.device, convs2s_criterion(task))]
     if args.low_precision != "none":
         runs.append(TrainingRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
-                                args.low_precision, args.device))
-    if args.fused_loss:
-        precision = "fp32" if args.low_precision == "none" else args.low_precision
-        runs.append(TrainingRun(f"ours {precision} fused loss", convs2s_like(fconv, fconv_args, task), task,
-                                precision, args.device, criterion=fused_criterion(task)))
+                                args.low_precision, args.device, convs2s_criterion(task)))
     if args.fconv_gradient_scale:
         for run in runs[1:]:
             run.model.encoder.gradient_scale /= 2
@@ -169,7 +163,11 @@ def memory(args, data_bin, phase, checkpoint, precision, beam=5):
                "--beam", str(beam), "--batch-size", str(args.batch_size)]
     if args.quick:
         command += ["--batches", "1", "--max-len-a", "1.2", "--max-len-b", "10"]
-    out = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # glibc returns every freed block of 64 KiB or more to the OS at once: the peak is then
+    # what the workload holds, not where its heap's layout left freed blocks (without this,
+    # two runs of the same workload differed by 300 MiB).
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         log(f"  failed: {' '.join(command)}\n" + "\n".join(out.stderr.splitlines()[-5:]))
         return None
@@ -216,7 +214,8 @@ def profile(args, task, fconv, fconv_args):
     if args.low_precision != "none":
         variants.append((f"ours {args.low_precision}", "ours", args.low_precision))
     for name, model, precision in variants:
-        run = TrainingRun(name, copies[model](), task, precision, args.device)
+        run = TrainingRun(name, copies[model](), task, precision, args.device,
+                          convs2s_criterion(task) if model == "ours" else None)
         run.update(sample)
         with torch_profile(activities=activities) as prof:
             run.update(sample)
@@ -279,8 +278,6 @@ def main(argv=None):
                "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device)}
     low = f"ours {args.low_precision}"
     results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {})}
-    if args.fused_loss and "train" not in skip:
-        results[f"ours {'fp32' if args.low_precision == 'none' else args.low_precision} fused loss"] = {}
 
     def save():
         if args.json:

@@ -8,6 +8,10 @@ Generation (beam search over the test set, fairseq's SequenceGenerator) and trai
 - ``no shared source``: the encoder output copied to every hypothesis and reordered with
   the beam at every step (one row per hypothesis, as fconv and the first version did);
 - ``no weight-norm fold``: generation with weight normalization's g and v kept;
+- ``attention kept``: the decoder returns its averaged attention although fairseq-generate
+  does not print alignments, so beam search keeps and reorders an attention buffer;
+- ``fairseq's criterion``: training with label_smoothed_cross_entropy (log_softmax over the
+  whole batch) instead of convs2s_cross_entropy's blockwise loss;
 - ``out-of-place sums``: (a + b) * sqrt(0.5) as two new tensors;
 - ``bf16``: the whole model under torch.autocast(bfloat16).
 
@@ -18,6 +22,7 @@ import argparse
 import contextlib
 import math
 import sys
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +32,7 @@ import torch  # noqa: E402
 
 from bench.data import prepare  # noqa: E402
 from bench.generation import GenerationRun, generation_batches, generation_options  # noqa: E402
-from bench.models import convs2s_like, load_fconv, new_fconv, translation_task  # noqa: E402
+from bench.models import convs2s_criterion, convs2s_like, load_fconv, new_fconv, translation_task  # noqa: E402
 from bench.reference import reference_checkpoint  # noqa: E402
 from bench.training import TrainingRun, training_batches  # noqa: E402
 
@@ -55,7 +60,7 @@ def out_of_place_sums():
 
 
 def variant(fconv, fconv_args, task, lever):
-    """convs2s with one lever off (lever None: all on)."""
+    """convs2s with one lever off (lever None: all on), and the context to run it in."""
     from fairseq.models import FairseqEncoderDecoderModel
 
     model = convs2s_like(fconv, fconv_args, task)
@@ -63,7 +68,9 @@ def variant(fconv, fconv_args, task, lever):
         model.encoder.reorder_encoder_out = _plain_reorder
     if lever == "no weight-norm fold":
         model.make_generation_fast_ = lambda **kw: FairseqEncoderDecoderModel.make_generation_fast_(model, **kw)
-    return model, out_of_place_sums() if lever == "out-of-place sums" else contextlib.nullcontext()
+    if lever == "attention kept":
+        model.decoder.make_generation_fast_ = types.MethodType(lambda self, **kw: None, model.decoder)
+    return model, out_of_place_sums if lever == "out-of-place sums" else contextlib.nullcontext
 
 
 def main(argv=None):
@@ -80,7 +87,7 @@ def main(argv=None):
     task = translation_task(data_bin)
     fconv, fconv_args = load_fconv(args.checkpoint or reference_checkpoint(data_bin), task)
 
-    levers = [None, "no shared source", "no weight-norm fold", "out-of-place sums", "bf16"]
+    levers = [None, "no shared source", "no weight-norm fold", "attention kept", "out-of-place sums", "bf16"]
     batches = generation_batches(task, 128, limit=args.batches)
     runs = []
     for lever in levers:
@@ -89,7 +96,7 @@ def main(argv=None):
                                                    "bf16" if lever == "bf16" else "fp32")))
     for _ in range(args.repeats):
         for _, context, run in runs:
-            with context:
+            with context():
                 run.translate(batches)
     n = sum(len(b["id"]) for b in batches)
     base = min(runs[0][2].times)
@@ -103,12 +110,14 @@ def main(argv=None):
         fresh, fresh_args = new_fconv(task, fconv_args.arch, 0.2)
         batches = training_batches(task, 4000, args.updates + 2)
         runs = []
-        for lever in (None, "out-of-place sums", "bf16"):
+        for lever in (None, "fairseq's criterion", "out-of-place sums", "bf16"):
             model, context = variant(fresh, fresh_args, task, lever)
-            runs.append((lever, context, TrainingRun(str(lever), model, task, "bf16" if lever == "bf16" else "fp32")))
+            criterion = None if lever == "fairseq's criterion" else convs2s_criterion(task)
+            runs.append((lever, context, TrainingRun(str(lever), model, task, "bf16" if lever == "bf16" else "fp32",
+                                                     criterion=criterion)))
         for sample in batches:
             for _, context, run in runs:
-                with context:
+                with context():
                     run.update(sample)
         base = runs[0][2].tokens_per_second(2)
         print(f"training, {args.updates} updates of 4000 tokens:")

@@ -7,7 +7,9 @@ The difference is what the workload itself needed: activations, gradients, optim
 state, beam-search buffers, whatever allocator caches torch kept, all as the OS sees them
 (tracemalloc does not see torch's allocations). Without clear_refs the peak is
 ``ru_maxrss``, which also counts loading. On CUDA the peak is
-``torch.cuda.max_memory_allocated``.
+``torch.cuda.max_memory_allocated``. benchmark.py runs it with ``MALLOC_MMAP_THRESHOLD_=65536``,
+so glibc hands every freed block of 64 KiB or more back at once and the peak measures what
+the workload holds.
 """
 import argparse
 import gc
@@ -82,7 +84,12 @@ def main(argv=None):
     (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], task=task)
     if args.phase == "train":
         batches = training_batches(task, args.max_tokens, args.updates)
-        run = TrainingRun("m", model, task, args.precision, args.device)
+        from fairseq_convs2s_ext.models.convs2s import ConvS2SModel
+
+        from .models import convs2s_criterion
+
+        criterion = convs2s_criterion(task) if isinstance(model, ConvS2SModel) else None  # as in the timing
+        run = TrainingRun("m", model, task, args.precision, args.device, criterion)
         workload = lambda: train_side_by_side([run], batches)  # noqa: E731
     else:
         batches = generation_batches(task, args.batch_size, limit=args.batches)

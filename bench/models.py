@@ -40,6 +40,13 @@ def load_fconv(checkpoint, task):
     return model, args
 
 
+def convs2s_criterion(task, label_smoothing=0.1):
+    """Our criterion: the same label-smoothed loss as fconv's label_smoothed_cross_entropy."""
+    from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
+
+    return ConvS2SCrossEntropyCriterion(task, label_smoothing)
+
+
 def convs2s_like(fconv, args, task):
     """convs2s with fconv's weights, through convs2s-import-fconv's conversion."""
     state = convert_checkpoint({"args": args, "model": fconv.state_dict()}, "in-memory fconv")

@@ -1,0 +1,30 @@
+"""bench/benchmark.py --quick end to end (slow: it prepares Multi30k with BPE on first use).
+
+A smoke test of the benchmark's code paths, not a measurement: no figure is asserted on
+speed. It does check what the benchmark claims besides speed: ours, imported from fconv,
+translates every sentence exactly as fconv does in fp32."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DATA, ROOT
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, CONVS2S_DATA=str(DATA), XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp_path)))
+    proc = subprocess.run([sys.executable, "bench/benchmark.py", "--quick", "--json", str(out)], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "ours / fconv" in proc.stdout and "torch.mm" in proc.stdout
+    results = json.loads(out.read_text())["results"]
+    sentences = results["sentences"]
+    for beam in (5, 1):
+        assert results["ours"][f"beam {beam} identical"] == sentences == results["fconv"][f"beam {beam} identical"]
+    for name in ("fconv", "ours", "ours bf16"):
+        assert results[name]["train tokens/s"] > 0 and results[name]["generate peak MiB"] > 0
+    assert abs(results["ours"]["valid loss"] / results["fconv"]["valid loss"] - 1) < 0.01
