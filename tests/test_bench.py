@@ -17,7 +17,9 @@ from conftest import DATA, ROOT
 def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, CONVS2S_DATA=str(DATA), XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp_path)))
-    proc = subprocess.run([sys.executable, "bench/benchmark.py", "--quick", "--json", str(out)], cwd=ROOT, env=env,
+    # With fconv's encoder gradient scale both models compute the same updates.
+    proc = subprocess.run([sys.executable, "bench/benchmark.py", "--quick", "--fconv-gradient-scale", "--json", str(out)],
+                          cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "ours / fconv" in proc.stdout and "torch.mm" in proc.stdout
@@ -27,4 +29,4 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
         assert results["ours"][f"beam {beam} identical"] == sentences == results["fconv"][f"beam {beam} identical"]
     for name in ("fconv", "ours", "ours bf16"):
         assert results[name]["train tokens/s"] > 0 and results[name]["generate peak MiB"] > 0
-    assert abs(results["ours"]["valid loss"] / results["fconv"]["valid loss"] - 1) < 0.01
+    assert abs(results["ours"]["valid loss"] / results["fconv"]["valid loss"] - 1) < 0.002
