@@ -29,6 +29,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from fairseq.utils import load_align_dict
+
+from preprocess.tokenize import detokenize, normalize_and_tokenize
+from . import score
+
 SRC, TGT = "en", "de"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}  # ours: Multi30k's
 BIN = Path(sys.executable).parent  # the fairseq-* commands beside this interpreter
@@ -49,14 +54,10 @@ def run(cmd, capture=True, **kwargs) -> str:
 
 
 def tokenize(in_path: Path, out_path: Path, lang: str, limit: Optional[int] = None) -> None:
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    normalizer, tokenizer = MosesPunctNormalizer(lang), MosesTokenizer(lang)
+    """The first ``limit`` lines of ``in_path`` (all by default), as convs2s-prepare tokenizes."""
     with open(in_path, encoding="utf-8") as f, open(out_path, "w", encoding="utf-8") as out:
         for line in islice(f, limit):
-            text = normalizer.normalize(line.strip())
-            out.write(tokenizer.tokenize(text, aggressive_dash_splits=True, escape=False,
-                                         return_str=True) + "\n")
+            out.write(normalize_and_tokenize(line.strip(), lang) + "\n")
 
 
 def prepare_data(workdir: Path, corpus: Path, vocab: int, lines: Optional[Dict[str, int]] = None) -> Path:
@@ -116,10 +117,6 @@ def generate(data: Path, checkpoint: Path, *options) -> Dict[int, Dict[str, str]
     return lines
 
 
-def read_align_dict(path: Path) -> Dict[str, str]:
-    return dict(line.split() for line in path.read_text(encoding="utf-8").splitlines())
-
-
 def count_replacements(plain, replaced, align: Dict[str, str]):
     """How many <unk> of the plain hypotheses became a dictionary translation of a source
     word, and how many a copy (as fairseq-generate printed them: same ids, same length)."""
@@ -134,12 +131,7 @@ def count_replacements(plain, replaced, align: Dict[str, str]):
 
 
 def sacrebleu_score(hypotheses: List[str], references: List[str]) -> float:
-    import sacrebleu
-    from sacremoses import MosesDetokenizer
-
-    detok = MosesDetokenizer(TGT)
-    detokenized = [detok.detokenize(h.replace("<unk>", UNSCORED_UNK).split()) for h in hypotheses]
-    return sacrebleu.corpus_bleu(detokenized, [references]).score
+    return score.bleu([detokenize(h.replace("<unk>", UNSCORED_UNK), TGT) for h in hypotheses], references)["score"]
 
 
 def main(argv=None):
@@ -167,12 +159,11 @@ def main(argv=None):
     references = (corpus / f"{SPLITS['test']}.{TGT}").read_text(encoding="utf-8").splitlines()
     plain = generate(data, checkpoint)
     replaced = generate(data, checkpoint, "--replace-unk", align_dict)
-    if len(plain) != len(references) or len(replaced) != len(references):
-        raise RuntimeError(f"{len(references)} test sentences, but {len(plain)} and "
-                           f"{len(replaced)} hypotheses came out")
+    for output in (plain, replaced):
+        score.check_counts(output, references, "fairseq-generate", corpus / f"{SPLITS['test']}.{TGT}")
     ids = range(len(references))
     words = sum(len(plain[i]["H"].split()) for i in ids)
-    by_dictionary, copied = count_replacements(plain, replaced, read_align_dict(align_dict))
+    by_dictionary, copied = count_replacements(plain, replaced, load_align_dict(str(align_dict)))
     unknowns = by_dictionary + copied
     print(f"model: {checkpoint}; test: {len(references)} sentences, {unknowns} of {words} "
           f"hypothesis words <unk> ({100 * unknowns / max(words, 1):.1f}%), replaced by "

@@ -17,13 +17,13 @@ import pytest
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.tasks import setup_task
+from fairseq.utils import load_align_dict
 
 from fairseq_convs2s_ext.tasks.source_text import SourceTextError
 from preprocess.align import find_aligner
 from preprocess.errors import PreprocessError
 from recipes import unk_replacement_bleu
-from recipes.unk_replacement_bleu import (USER_DIR, build_align_dict, prepare_data, read_align_dict,
-                                          train)
+from recipes.unk_replacement_bleu import USER_DIR, build_align_dict, prepare_data, train
 
 BIN = Path(sys.executable).parent
 TEST_LINES = 203  # not a multiple of 8: fairseq would drop the last 3 (--batch-size 32)
@@ -117,7 +117,7 @@ def test_generate_translates_every_sentence(plain, replaced):
 
 def test_generate_replaces_every_unknown_by_a_dictionary_translation_or_a_source_word(
         model, plain, replaced):
-    align = read_align_dict(model[2])
+    align = load_align_dict(str(model[2]))
     sources, references = lines(replaced, "S"), lines(replaced, "T")
     before, after = lines(plain, "H"), lines(replaced, "H")
     assert sum(h.split().count(UNK) for h in before.values()) >= 50  # the model writes <unk>
@@ -150,7 +150,7 @@ def test_interactive_replaces_unknowns_in_raw_input(model, plain, replaced):
     hence the same translation, with its own word copied."""
     sources, before, after = lines(replaced, "S"), lines(plain, "H"), lines(replaced, "H")
     vocabulary = set(Path(model[0], "dict.en.txt").read_text(encoding="utf-8").split()[::2])
-    align = read_align_dict(model[2])
+    align = load_align_dict(str(model[2]))
     twin_of = next(
         (i, word) for i in sorted(after)
         for word in replacements(before[i], after[i])
