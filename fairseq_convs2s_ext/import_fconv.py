@@ -26,12 +26,12 @@ import copy
 import os
 import pickle
 import sys
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from types import SimpleNamespace
 
 import torch
+from preprocess.atomic import atomic_outputs
 
 from .checkpoint_safety import allow_fairseq_checkpoints
 from .modules import parse_attention, parse_layers
@@ -242,26 +242,12 @@ def convert_checkpoint(state, path="checkpoint"):
     return out
 
 
-def save_atomic(obj, path):
-    """torch.save to a temporary file beside `path`, then rename it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
-
-
 def import_fconv(in_path, out_path):
     if os.path.exists(out_path) and os.path.samefile(in_path, out_path):
         raise ImportFconvError(f"{out_path}: the output would overwrite the input checkpoint")
     state = convert_checkpoint(load_checkpoint(in_path), in_path)
-    save_atomic(state, out_path)
+    with atomic_outputs([out_path]) as (temp,):  # OUT.pt appears complete or not at all
+        torch.save(state, temp)
     return state
 
 
