@@ -20,7 +20,6 @@ read. --quick runs a few updates and sentences (minutes, a smoke test, not a mea
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from bench.generation import GenerationRun, generation_batches, generation_optio
 from bench.machine import matmul_gflops  # noqa: E402
 from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task  # noqa: E402
 from bench.reference import reference_checkpoint  # noqa: E402
-from bench.training import TrainingRun, autocast, train_side_by_side, training_batches  # noqa: E402
+from bench.training import TrainingRun, train_side_by_side, training_batches  # noqa: E402
 
 
 def parse_args(argv=None):

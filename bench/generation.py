@@ -9,7 +9,6 @@ import argparse
 import itertools
 import time
 
-import torch
 from fairseq import utils
 from omegaconf import OmegaConf
 
@@ -52,7 +51,7 @@ class GenerationRun:
 
     def translate(self, batches):
         """Translate every batch once; returns the seconds it took."""
-        total, generated = 0.0, 0
+        total = 0.0
         for sample in batches:
             sample = utils.move_to_cuda(sample) if self.device == "cuda" else sample
             synchronize(self.device)

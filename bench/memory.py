@@ -74,7 +74,7 @@ def main(argv=None):
     import torch
 
     from .generation import GenerationRun, generation_batches, generation_options
-    from .models import load_fconv, translation_task
+    from .models import translation_task
     from .training import TrainingRun, train_side_by_side, training_batches
 
     torch.set_num_threads(args.threads)

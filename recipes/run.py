@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 import time

@@ -2,7 +2,6 @@
 import gzip
 import io
 import json
-import os
 import re
 import subprocess
 import tarfile

@@ -175,7 +175,6 @@ def test_every_sentence_of_an_evaluation_split_is_batched():
     torch.manual_seed(0)
     _, d = build(vocab=30)
     tokens = [torch.randint(4, 30, (n,)) for n in range(3, 16)]  # 13 sentences
-    cfg = Namespace(max_source_positions=64, max_target_positions=64)
 
     def batched(task_cls):
         dataset = LanguagePairDataset(tokens, [len(t) for t in tokens], d, tgt_dict=d)
