@@ -1,10 +1,14 @@
 """ConvS2S (Gehring et al., 2017) for fairseq, loaded with ``--user-dir fairseq_convs2s_ext``.
 
-Importing the package registers the ``convs2s`` model and its architectures with fairseq,
-and allows fairseq's checkpoints to load under torch's safe ``weights_only`` unpickler.
+Importing the package registers the ``convs2s`` model and its architectures, the
+``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq; lets
+fairseq's checkpoints load under torch's safe ``weights_only`` unpickler while refusing
+any whose configuration could run code; and reports a checkpoint that cannot be used in
+one line instead of a traceback (see :mod:`.checkpoints`).
 """
-from .checkpoint_safety import allow_fairseq_checkpoints
+from .checkpoints import allow_fairseq_checkpoints, install_excepthook
 
 allow_fairseq_checkpoints()
+install_excepthook()
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)

@@ -20,6 +20,12 @@ Only the returned attention differs: fconv averages it over all decoder layers, 
 the layers that attend. The layer specifications are parsed without ``eval``. The
 optimizer state is not carried over (fine-tune with ``--reset-optimizer``). The output is
 written atomically: OUT.pt either appears complete or not at all.
+
+The converted checkpoint carries the fingerprints of the dictionaries the fconv model was
+trained with (see :mod:`.checkpoints.dictionaries`), so it refuses to translate with other
+ones. They are read from ``--source-dict``/``--target-dict``, by default ``dict.SRC.txt`` and
+``dict.TGT.txt`` beside IN.pt (where fairseq's released models keep them). A configuration
+that would run code when fairseq evaluates it is refused (:mod:`.checkpoints.safe_loading`).
 """
 import argparse
 import copy
@@ -33,7 +39,7 @@ from types import SimpleNamespace
 import torch
 from preprocess.atomic import atomic_outputs
 
-from .checkpoint_safety import allow_fairseq_checkpoints
+from .checkpoints import CheckpointRefused, allow_fairseq_checkpoints, check_config, fingerprint
 from .modules import parse_attention, parse_layers
 
 # What fairseq's Dictionary uses; position tables are sized around it.
@@ -61,6 +67,8 @@ def load_checkpoint(path):
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except CheckpointRefused as e:
+        raise ImportFconvError(f"{path}: refused: {e}") from None
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "global" in str(e).lower():
             raise ImportFconvError(
@@ -86,6 +94,10 @@ def model_config(state, path):
         source = state["cfg"]["model"]
     else:
         raise ImportFconvError(f"{path}: not a fairseq checkpoint (no 'args' or 'cfg.model' configuration)")
+    try:
+        check_config(source, "model")  # a Namespace was checked as it was read; dicts were not
+    except CheckpointRefused as e:
+        raise ImportFconvError(f"{path}: refused: {e}") from None
     options = dict(source) if isinstance(source, Mapping) else dict(vars(source))
     arch = options.get("arch") or options.get("_name")
     if ARCH_MODEL_REGISTRY.get(arch) is not FConvModel:
@@ -177,24 +189,11 @@ def convs2s_options(args, sd):
     return options
 
 
-def _check_against_convs2s(options, converted):
+def _check_against_convs2s(options, converted, source_dictionary, target_dictionary):
     """Build convs2s with these options on the meta device and compare names and shapes."""
     from .models import ConvS2SModel
 
-    class Vocabulary:
-        def __init__(self, size):
-            self.size = size
-
-        def __len__(self):
-            return self.size
-
-        def pad(self):
-            return PADDING_IDX
-
-    task = SimpleNamespace(
-        source_dictionary=Vocabulary(converted["encoder.embed.tokens.weight"].size(0)),
-        target_dictionary=Vocabulary(converted["decoder.embed.tokens.weight"].size(0)),
-    )
+    task = SimpleNamespace(source_dictionary=source_dictionary, target_dictionary=target_dictionary)
     with torch.device("meta"):
         model = ConvS2SModel.build_model(argparse.Namespace(**options), task)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -206,13 +205,16 @@ def _check_against_convs2s(options, converted):
         raise ValueError("its weights do not match its configuration: " + "; ".join(problems[:8]))
 
 
-def convert_checkpoint(state, path="checkpoint"):
-    """A convs2s checkpoint (same structure as fairseq's) from a loaded fconv one."""
+def convert_checkpoint(state, source_dictionary, target_dictionary, path="checkpoint"):
+    """A convs2s checkpoint (same structure as fairseq's) from a loaded fconv one trained
+    with these dictionaries (fairseq Dictionary objects)."""
     source, args = model_config(state, path)
     try:
         options = convs2s_options(args, state["model"])
         converted = convert_state_dict(state["model"], options["share_input_output_embed"])
-        _check_against_convs2s(options, converted)
+        converted["encoder.dictionary_fingerprint"] = fingerprint(source_dictionary)
+        converted["decoder.dictionary_fingerprint"] = fingerprint(target_dictionary)
+        _check_against_convs2s(options, converted, source_dictionary, target_dictionary)
     except (ValueError, KeyError) as e:
         raise ImportFconvError(f"{path}: cannot import this fconv checkpoint: {e}") from None
     options.update(arch="convs2s", _name="convs2s")
@@ -242,10 +244,42 @@ def convert_checkpoint(state, path="checkpoint"):
     return out
 
 
-def import_fconv(in_path, out_path):
+def _language(state, side):
+    """The checkpoint's source or target language, from its args or task configuration."""
+    name = f"{side}_lang"
+    for config in (state.get("args"), (state.get("cfg") or {}).get("task")):
+        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if value:
+            return value
+    return None
+
+
+def load_dictionary(state, in_path, side, given=None):
+    """The dictionary given, else dict.LANG.txt beside the checkpoint."""
+    from fairseq.data import Dictionary
+
+    lang = _language(state, side)
+    path = given or (lang and os.path.join(os.path.dirname(os.path.abspath(in_path)), f"dict.{lang}.txt"))
+    if not path or not os.path.isfile(path):
+        raise ImportFconvError(
+            f"{in_path}: the {side} dictionary it was trained with is needed "
+            f"({'not found: ' + path if path else 'its language is not recorded'}): pass "
+            f"--{side}-dict dict.LANG.txt (fairseq's released models ship it beside model.pt)")
+    try:
+        dictionary = Dictionary.load(path)
+    except (ValueError, RuntimeError, UnicodeDecodeError) as e:
+        raise ImportFconvError(f"{path}: not a fairseq dictionary ({e})") from None
+    dictionary.filename = path
+    return dictionary
+
+
+def import_fconv(in_path, out_path, source_dict=None, target_dict=None):
     if os.path.exists(out_path) and os.path.samefile(in_path, out_path):
         raise ImportFconvError(f"{out_path}: the output would overwrite the input checkpoint")
-    state = convert_checkpoint(load_checkpoint(in_path), in_path)
+    state = load_checkpoint(in_path)
+    dictionaries = [load_dictionary(state, in_path, side, given)
+                    for side, given in (("source", source_dict), ("target", target_dict))]
+    state = convert_checkpoint(state, *dictionaries, path=in_path)
     with atomic_outputs([out_path]) as (temp,):  # OUT.pt appears complete or not at all
         torch.save(state, temp)
     return state
@@ -259,9 +293,13 @@ def main(argv=None):
     )
     parser.add_argument("input", metavar="IN.pt", help="fairseq fconv checkpoint")
     parser.add_argument("output", metavar="OUT.pt", help="convs2s checkpoint to write (atomically)")
+    for side in ("source", "target"):
+        parser.add_argument(f"--{side}-dict", metavar="DICT",
+                            help=f"the {side} dictionary the fconv model was trained with "
+                                 f"(default: dict.LANG.txt beside IN.pt)")
     args = parser.parse_args(argv)
     try:
-        state = import_fconv(args.input, args.output)
+        state = import_fconv(args.input, args.output, args.source_dict, args.target_dict)
     except ImportFconvError as e:
         print(f"convs2s-import-fconv: error: {e}", file=sys.stderr)
         return 1

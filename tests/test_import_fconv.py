@@ -85,12 +85,22 @@ def argparse_checkpoint(model, args):
     }
 
 
+def dictionary_options(tmp_path, task):
+    """--source-dict/--target-dict for the dictionaries of ``task``, saved in tmp_path."""
+    paths = []
+    for lang, d in (("src", task.source_dictionary), ("tgt", task.target_dictionary)):
+        paths.append(tmp_path / f"dict.{lang}.txt")
+        d.save(str(paths[-1]))
+    return ["--source-dict", str(paths[0]), "--target-dict", str(paths[1])]
+
+
 def save_and_import(tmp_path, state, task):
     """Save a fairseq checkpoint, load it with fairseq, import it, load the result with fairseq."""
     fconv_path, ours_path = str(tmp_path / "fconv.pt"), str(tmp_path / "convs2s.pt")
     checkpoint_utils.torch_persistent_save(state, fconv_path)
-    assert import_fconv.main([fconv_path, ours_path]) == 0
-    assert sorted(os.listdir(tmp_path)) == ["convs2s.pt", "fconv.pt"]  # no temporary file left behind
+    assert import_fconv.main([fconv_path, ours_path, *dictionary_options(tmp_path, task)]) == 0
+    # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["convs2s.pt", "dict.src.txt", "dict.tgt.txt", "fconv.pt"]
     (fconv,), _, _ = checkpoint_utils.load_model_ensemble_and_task([fconv_path], task=task)
     (ours,), _, _ = checkpoint_utils.load_model_ensemble_and_task([ours_path], task=task)
     assert isinstance(ours, ConvS2SModel)
@@ -177,7 +187,7 @@ def test_old_argparse_checkpoint_with_version_1_decoder_convolutions(tmp_path):
     assert state["model"]["decoder.convolutions.0.weight_g"].shape == (3, 1, 1)
     fconv_path, ours_path = tmp_path / "fconv.pt", tmp_path / "convs2s.pt"
     torch.save(state, fconv_path)
-    assert import_fconv.main([str(fconv_path), str(ours_path)]) == 0
+    assert import_fconv.main([str(fconv_path), str(ours_path), *dictionary_options(tmp_path, task)]) == 0
     (ours,), _, _ = checkpoint_utils.load_model_ensemble_and_task([str(ours_path)], task=task)
     assert torch.load(ours_path, weights_only=True)["args"].arch == "convs2s"
     assert_same_function(model.eval(), ours.eval(), task.target_dictionary)
@@ -192,8 +202,9 @@ def test_released_architectures_map_onto_convs2s(arch, embed_dim, widths):
     """The full-size WMT layouts (768-dim embeddings, up to 4096 units, kernel width 1): every
     tensor finds its place with the right shape. Built on the meta device, so no memory."""
     with torch.device("meta"):
-        model, args, _ = build_fconv(arch, vocab=100)
-    state = import_fconv.convert_checkpoint(argparse_checkpoint(model, args), "meta.pt")
+        model, args, task = build_fconv(arch, vocab=100)
+    d = task.source_dictionary
+    state = import_fconv.convert_checkpoint(argparse_checkpoint(model, args), d, d, "meta.pt")
     assert state["args"].arch == "convs2s" and state["args"].encoder_embed_dim == embed_dim
     assert [w for w, _ in parse_layers(state["args"].decoder_layers)] == widths
     assert state["args"].max_source_positions == MAX_POSITIONS - 2  # the same usable length as fconv
@@ -202,21 +213,23 @@ def test_released_architectures_map_onto_convs2s(arch, embed_dim, widths):
 
 
 def test_errors_name_the_file(tmp_path, capsys):
+    model, args, task = build_fconv(**ARCHS["iwslt"])
+    dictionaries = dictionary_options(tmp_path, task)
+
     def error(state_or_bytes):
         path = tmp_path / "in.pt"
         if isinstance(state_or_bytes, bytes):
             path.write_bytes(state_or_bytes)
         else:
             torch.save(state_or_bytes, path)
-        assert import_fconv.main([str(path), str(tmp_path / "out.pt")]) == 1
+        assert import_fconv.main([str(path), str(tmp_path / "out.pt"), *dictionaries]) == 1
         assert not (tmp_path / "out.pt").exists()
-        assert os.listdir(tmp_path) == ["in.pt"]
+        assert sorted(os.listdir(tmp_path)) == ["dict.src.txt", "dict.tgt.txt", "in.pt"]
         message = capsys.readouterr().err
         assert str(path) in message
         return message
 
     assert "not a PyTorch checkpoint" in error(b"just some text\n")
-    model, args, task = build_fconv(**ARCHS["iwslt"])
     good = trainer_checkpoint(model, args)
     torch.save(good, tmp_path / "good.pt")
     truncated = (tmp_path / "good.pt").read_bytes()[:5000]

@@ -3,6 +3,7 @@ import torch.nn as nn
 from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import FairseqDropout
 
+from ..checkpoints.dictionaries import BUFFER, check_fingerprint, fingerprint
 from ..modules import GLUConvolution, Linear, MultiStepAttention, WordPositionEmbedding, scaled_sum
 
 
@@ -22,6 +23,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def __init__(self, dictionary, embed_dim, layers, attention, out_embed_dim, dropout, max_positions,
                  share_input_output_embed=False):
         super().__init__(dictionary)
+        self.register_buffer(BUFFER, fingerprint(dictionary))  # checked on load
         padding_idx = dictionary.pad()
         self.embed = WordPositionEmbedding(len(dictionary), embed_dim, padding_idx, max_positions, dropout)
         self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
@@ -71,6 +73,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         self.need_attn = need_attn
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Refuse a checkpoint trained with another target dictionary (see checkpoints.dictionaries)."""
+        check_fingerprint(state_dict, f"{name}.{BUFFER}", self.dictionary, "target")
+        return state_dict
 
     def max_positions(self):
         return self.embed.max_positions

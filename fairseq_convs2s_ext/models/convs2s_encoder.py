@@ -4,6 +4,7 @@ import torch.nn as nn
 from fairseq.models import FairseqEncoder
 from fairseq.modules import FairseqDropout, GradMultiply
 
+from ..checkpoints.dictionaries import BUFFER, check_fingerprint, fingerprint
 from ..modules import GLUConvolution, Linear, WordPositionEmbedding, scaled_sum
 
 
@@ -20,6 +21,7 @@ class ConvS2SEncoder(FairseqEncoder):
 
     def __init__(self, dictionary, embed_dim, layers, dropout, max_positions, num_attention_layers):
         super().__init__(dictionary)
+        self.register_buffer(BUFFER, fingerprint(dictionary))  # checked on load
         self.padding_idx = dictionary.pad()
         self.embed = WordPositionEmbedding(len(dictionary), embed_dim, self.padding_idx, max_positions, dropout)
         self.dropout = FairseqDropout(dropout, module_name=type(self).__name__)
@@ -51,6 +53,11 @@ class ConvS2SEncoder(FairseqEncoder):
             z = z.masked_fill(padding_mask.unsqueeze(-1), 0)
         z = GradMultiply.apply(z, self.gradient_scale)
         return {"encoder_out": (z, scaled_sum(z, e)), "encoder_padding_mask": padding_mask}
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Refuse a checkpoint trained with another source dictionary (see checkpoints.dictionaries)."""
+        check_fingerprint(state_dict, f"{name}.{BUFFER}", self.dictionary, "source")
+        return state_dict
 
     def reorder_encoder_out(self, encoder_out, new_order):
         """Row r of the decoder's batch now continues row new_order[r].
