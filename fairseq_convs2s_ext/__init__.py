@@ -4,9 +4,10 @@ Importing the package registers the ``convs2s`` model and its architectures, the
 ``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq; lets
 fairseq's checkpoints load under torch's safe ``weights_only`` unpickler while refusing
 any whose configuration could run code; and reports a checkpoint that cannot be used in
-one line instead of a traceback (see :mod:`.checkpoints`).
+one line instead of a traceback (see :mod:`.checkpoints` and :mod:`.excepthook`).
 """
-from .checkpoints import allow_fairseq_checkpoints, install_excepthook
+from .checkpoints import allow_fairseq_checkpoints
+from .excepthook import install_excepthook
 
 allow_fairseq_checkpoints()
 install_excepthook()

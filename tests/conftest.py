@@ -29,3 +29,22 @@ def data_dir():
     if not (DATA / "multi30k" / "train.en").exists():
         pytest.fail(f"corpora not found in {DATA}: set CONVS2S_DATA to the shared data folder")
     return DATA
+
+
+@pytest.fixture(scope="session")
+def small_bin(tmp_path_factory, data_dir):
+    """300 training and 10 test pairs of Multi30k en-de, whitespace-split, binarized by
+    fairseq-preprocess with a joint dictionary, the test text beside the binaries (for
+    convs2s_translation's --replace-unk)."""
+    from cli_helpers import run, write_lines
+
+    work = tmp_path_factory.mktemp("small-data")
+    for lang in ("en", "de"):
+        lines = (data_dir / "multi30k" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        write_lines(work / f"train.{lang}", lines[:300])
+        write_lines(work / f"test.{lang}", lines[300:310])
+    run("fairseq-preprocess", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "test",
+        "--testpref", work / "test", "--destdir", work / "bin", "--joined-dictionary")
+    for lang in ("en", "de"):
+        (work / "bin" / f"test.en-de.{lang}.txt").write_bytes((work / f"test.{lang}").read_bytes())
+    return work / "bin"

@@ -14,7 +14,7 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_convs2s_ext  # noqa: F401  (safe loading)
-from cli_helpers import run, write_lines
+from cli_helpers import run
 from fairseq_convs2s_ext.checkpoints import CheckpointRefused, check_config
 from fairseq_convs2s_ext.checkpoints.safe_loading import code_in
 
@@ -24,15 +24,8 @@ FCONV = ["--arch", "fconv_iwslt_de_en", "--encoder-layers", "[(32, 3)] * 2", "--
 
 
 @pytest.fixture(scope="module")
-def data_bin(tmp_path_factory, data_dir):
-    work = tmp_path_factory.mktemp("attack-data")
-    for lang in ("en", "de"):
-        lines = (data_dir / "multi30k" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
-        write_lines(work / f"train.{lang}", lines[:300])
-        write_lines(work / f"test.{lang}", lines[300:310])
-    run("fairseq-preprocess", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "test",
-        "--testpref", work / "test", "--destdir", work / "bin", "--joined-dictionary")
-    return work / "bin"
+def data_bin(small_bin):
+    return small_bin
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +108,20 @@ def test_other_families_that_fairseq_evaluates(tmp_path, monkeypatch, arch, fiel
     assert not (tmp_path / "PWNED").exists()
 
 
-def test_a_dict_configuration_is_checked_where_the_plugin_builds_models(tmp_path):
+def test_a_dict_configuration_is_checked_where_the_plugin_builds_models(small_bin, tmp_path, monkeypatch):
+    """A configuration of plain dicts loads without any allowed class; convs2s_translation
+    checks it before fairseq's fconv would evaluate it."""
+    from fairseq import tasks
+    from omegaconf import OmegaConf
+
+    monkeypatch.chdir(tmp_path)
+    task = tasks.setup_task(OmegaConf.create({"_name": "convs2s_translation", "data": str(small_bin),
+                                              "source_lang": "en", "target_lang": "de"}))
     with pytest.raises(CheckpointRefused, match=r"model\.encoder_layers"):
-        check_config({"_name": "fconv", "encoder_layers": PAYLOAD}, "model")
+        task.build_model(OmegaConf.create({"_name": "fconv", "arch": "fconv", "encoder_layers": PAYLOAD}))
+    assert not (tmp_path / "PWNED").exists()
+    with pytest.raises(CheckpointRefused, match=r"cfg\.model\.decoder_layers"):
+        check_config({"model": {"decoder_layers": PAYLOAD}}, "cfg")
 
 
 @pytest.mark.parametrize("text", ["[(512, 3)] * 20", "[(512, 3)] * 10 + [(768, 3)] * 3 + [(2048, 1)] * 2", "True",

@@ -13,7 +13,7 @@ import fairseq_cli.generate
 from fairseq_convs2s_ext.tasks import ConvS2STranslationTask
 from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig
 from fairseq_convs2s_ext.tasks.source_text import SourceTextDataset, SourceTextError, read_text
-from fairseq_convs2s_ext.unknown_words import replace_unknowns, source_words
+from fairseq_convs2s_ext.generation.unknown_words import replace_unknowns, source_words
 from model_helpers import build
 
 UNK = "<unk>"

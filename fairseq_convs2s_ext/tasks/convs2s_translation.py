@@ -10,7 +10,7 @@ Training is unchanged from ``--task translation`` (a model trained with either g
 either). What this task adds, each through a task hook:
 
 - ``build_generator``: with ``--replace-unk``, fairseq's generator wrapped in
-  :class:`~fairseq_convs2s_ext.unknown_words.UnknownWordReplacer`, which does the replacement
+  :class:`~fairseq_convs2s_ext.generation.unknown_words.UnknownWordReplacer`, which does the replacement
   (see that module for the rules). fairseq's own replacement is broken for every model
   (its generator returns no alignment), and the wrapper leaves it nothing to do.
 - ``load_dataset``: with ``--replace-unk``, the split's text from beside the binary files
@@ -25,6 +25,16 @@ either). What this task adds, each through a task hook:
   silently loses up to the last N mod 8 sentences. Only the training split keeps the multiple;
   validation, fairseq-generate and fairseq-interactive batch with a multiple of 1, so every
   sentence is translated.
+- ``build_model``: refuses a model configuration whose strings would run code if fairseq
+  evaluated them (:mod:`fairseq_convs2s_ext.checkpoints.safe_loading`).
+- ``load_dictionary``: records the file a dictionary came from, so that a checkpoint trained
+  with other dictionaries is refused with a message naming it (see
+  :mod:`fairseq_convs2s_ext.checkpoints.dictionaries`).
+- ``get_batch_iterator`` (fairseq-interactive): an input line longer than the model takes
+  is reported on stderr and skipped, and the lines after it are translated; fairseq would
+  stop at it with a traceback.
+- ``inference_step``: an empty source (an empty input line) gives an empty translation,
+  where the model would invent a sentence from the end-of-sentence marker alone.
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
@@ -35,17 +45,20 @@ either). What this task adds, each through a task hook:
 fairseq-generate's assertion that ``--replace-unk`` needs ``--dataset-impl raw`` runs before
 any task hook; :mod:`.generate_cli` lifts it for this task.
 """
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 from fairseq import utils
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from ..unknown_words import UnknownWordReplacer
+from ..checkpoints import check_config
+from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
 from .source_text import SourceTextDataset, read_text, text_path
 
 
@@ -69,7 +82,8 @@ class ConvS2STranslationTask(TranslationTask):
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self._interactive_input = None  # (token tensors, lines) of fairseq-interactive's buffer
+        self._interactive_input = None  # (token tensors, lines, raw lines) of fairseq-interactive's buffer
+        self._interactive_lines_read = 0  # input lines before the current buffer
         self._collated = deque()  # interactive batches collated and not yet translated
 
     @classmethod
@@ -78,6 +92,16 @@ class ConvS2STranslationTask(TranslationTask):
         for action in parser._actions:  # present when parsing generation options
             if action.dest == "replace_unk":
                 action.const = ""  # utils.load_align_dict: "" = no dictionary, copy
+
+    @classmethod
+    def load_dictionary(cls, filename):
+        dictionary = super().load_dictionary(filename)
+        dictionary.filename = filename  # named when a checkpoint's dictionaries differ
+        return dictionary
+
+    def build_model(self, cfg, from_checkpoint=False):
+        check_config(cfg, "model")  # a stored dict config was not checked as it was read
+        return super().build_model(cfg, from_checkpoint)
 
     @property
     def replaces_unknown_words(self) -> bool:
@@ -102,23 +126,41 @@ class ConvS2STranslationTask(TranslationTask):
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
         if dataset is not self.datasets.get(self.cfg.train_subset):
             required_batch_size_multiple = 1  # fairseq would drop a last batch of another size
+        input_lines = getattr(dataset, "input_lines", None)
+        if input_lines is not None and max_positions is not None and not ignore_invalid_inputs:
+            self._report_too_long(dataset, input_lines, max_positions)
+            ignore_invalid_inputs = True
         return super().get_batch_iterator(
             dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
             required_batch_size_multiple, **kwargs,
         )
 
+    def _report_too_long(self, dataset, input_lines, max_positions):
+        """Say on stderr which of fairseq-interactive's input lines are skipped as too long."""
+        _, too_long = dataset.filter_indices_by_size(np.arange(len(dataset)), max_positions)
+        for index in too_long:
+            line = input_lines[index]
+            print(f"fairseq-interactive: input line {self._interactive_lines_read + index + 1} skipped: "
+                  f"{dataset.size(index)[0]} tokens, more than the model takes ({max_positions}): "
+                  f"{line[:60]!r}{'...' if len(line) > 60 else ''}", file=sys.stderr)
+
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        if self._interactive_input is not None:  # the previous buffer's lines
+            self._interactive_lines_read += len(self._interactive_input[2])
         encoded = [encode_fn(line) for line in lines]
         tokens, lengths = super().get_interactive_tokens_and_lengths(encoded, lambda line: line)
-        self._interactive_input = (tokens, encoded)
+        self._interactive_input = (tokens, encoded, list(lines))
         return tokens, lengths
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        pairs = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        recorded, self._interactive_input = self._interactive_input, None
-        if not self.replaces_unknown_words or recorded is None or recorded[0] is not src_tokens:
-            return pairs  # not fairseq-interactive's lines: their text is unknown
-        return SourceTextDataset(pairs, recorded[1], on_batch=self._collated.append)
+        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
+        recorded = self._interactive_input
+        if recorded is None or recorded[0] is not src_tokens:
+            return dataset  # not fairseq-interactive's lines: their text is unknown
+        if self.replaces_unknown_words:
+            dataset = SourceTextDataset(dataset, recorded[1], on_batch=self._collated.append)
+        dataset.input_lines = recorded[2]
+        return dataset
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
@@ -132,13 +174,24 @@ class ConvS2STranslationTask(TranslationTask):
             if hasattr(model.decoder, "need_attn"):
                 model.decoder.need_attn = True
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
-                                   utils.load_align_dict(replace_unk))
+                                   read_align_dict(replace_unk))
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
             sample = dict(sample, src_text=self._collated_text(sample))
         with self._autocast(models[0]):
-            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
+            hypos = super().inference_step(generator, models, sample, prefix_tokens, constraints)
+        return self._empty_for_empty_sources(sample, hypos)
+
+    def _empty_for_empty_sources(self, sample, hypos):
+        """One empty hypothesis (end of sentence alone, score 0) for each empty source."""
+        src_tokens = sample["net_input"]["src_tokens"]
+        words = src_tokens.ne(self.source_dictionary.pad()) & src_tokens.ne(self.source_dictionary.eos())
+        for i in (~words.any(dim=1)).nonzero().flatten().tolist():
+            eos = torch.tensor([self.target_dictionary.eos()], device=src_tokens.device)
+            hypos[i] = [{"tokens": eos, "score": torch.tensor(0.0), "attention": None, "alignment": None,
+                         "positional_scores": torch.zeros(1, device=src_tokens.device)}]
+        return hypos
 
     def _collated_text(self, sample):
         """The source lines of an interactive batch. fairseq-interactive passes inference_step

@@ -38,12 +38,41 @@ when it scores. The model's output layer is unaffected, but a generator built la
 same dictionary would take its grown length for the model's vocabulary: build generators
 before translating, as fairseq's commands do.
 """
+import os
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 from fairseq.tokenizer import tokenize_line
 
 BPE_CONTINUATION = "@@"
+
+
+class AlignDictError(ValueError):
+    """A --replace-unk dictionary that cannot be read; the message names the file and line."""
+
+
+def read_align_dict(path: str) -> Dict[str, str]:
+    """fairseq's --replace-unk file: ``source target`` a line, as ``utils.load_align_dict``
+    reads it (which fails on a line of one word with a bare IndexError); "" copies only."""
+    if not path:
+        return {}
+    if not os.path.isfile(path):
+        raise AlignDictError(f"{path}: no such --replace-unk dictionary; build it with "
+                             f"convs2s-align-dict, or give --replace-unk alone to copy source words")
+    align_dict = {}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                columns = raw.decode("utf-8").split()
+            except UnicodeDecodeError:
+                raise AlignDictError(f"{path} line {number}: not UTF-8 text") from None
+            if len(columns) != 2:
+                raise AlignDictError(
+                    f"{path} line {number}: {raw.decode('utf-8', 'replace').strip()!r} has "
+                    f"{len(columns)} words, not 'source target': the file is not an alignment "
+                    f"dictionary (convs2s-align-dict writes one)")
+            align_dict[columns[0]] = columns[1]
+    return align_dict
 
 
 def source_words(tokens: Sequence[str]) -> Tuple[List[str], List[int]]:

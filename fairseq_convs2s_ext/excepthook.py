@@ -1,0 +1,109 @@
+"""One clear line, not a traceback, for the errors a user of fairseq's commands can fix.
+
+fairseq's commands (fairseq-generate, fairseq-interactive, fairseq-train) let whatever a
+load raises end the program with a traceback: a checkpoint that is truncated (a disk that
+filled up while fairseq copied ``checkpoint_best.pt``), random bytes, refused by torch's
+safe unpickler or by the plugin; a ``--replace-unk`` dictionary with a malformed line
+(fairseq's ``utils.load_align_dict`` raises a bare IndexError). None of their hooks runs
+around those loads, so the plugin reports them where Python reports an uncaught exception:
+:func:`install_excepthook` puts a ``sys.excepthook`` in front of the one in place, which
+prints ``PROGRAM: error: PATH: why`` for these errors and hands every other one on
+unchanged. The file is found in the traceback: the one ``torch.load`` was reading, or the
+``--replace-unk`` file fairseq was reading.
+"""
+import os
+import pickle
+import sys
+import zipfile
+from typing import Optional
+
+from .checkpoints.errors import CheckpointError
+from .generation.unknown_words import AlignDictError, read_align_dict
+
+_TORCH_LOAD = os.path.join("torch", "serialization.py")
+
+
+def _frame_local(tb, function: str, filename_end: str, name: str):
+    """``name`` in the innermost frame of ``function`` (in a file ending ``filename_end``)."""
+    value = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == function and code.co_filename.endswith(filename_end):
+            value = tb.tb_frame.f_locals.get(name)
+        tb = tb.tb_next
+    return value
+
+
+def checkpoint_being_read(tb) -> Optional[str]:
+    """The file that ``torch.load`` was reading when the exception of ``tb`` was raised."""
+    f = _frame_local(tb, "load", _TORCH_LOAD, "f")
+    path = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+    return None if path is None else os.fspath(path)
+
+
+def _align_dict_error(exc: BaseException, tb) -> Optional[str]:
+    """What is wrong with the --replace-unk file that failed to load."""
+    if isinstance(exc, AlignDictError):
+        return str(exc)
+    path = _frame_local(tb, "load_align_dict", os.path.join("fairseq", "utils.py"), "replace_unk")
+    if not isinstance(path, str):
+        return None
+    try:
+        read_align_dict(path)
+    except AlignDictError as e:
+        return str(e)
+    return None
+
+
+def _plugin_error(exc: BaseException) -> Optional[CheckpointError]:
+    """A CheckpointError that is ``exc`` or that ``exc`` was raised from or while handling
+    (fairseq-train re-raises load_state_dict's errors as a bare Exception)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CheckpointError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def describe(exc: BaseException, tb) -> Optional[str]:
+    """``PATH: why`` for an error of reading a checkpoint or --replace-unk file, else None."""
+    align_dict_error = _align_dict_error(exc, tb)
+    if align_dict_error:
+        return align_dict_error
+    ours = _plugin_error(exc)
+    if ours is not None:
+        path = checkpoint_being_read(ours.__traceback__)
+        return f"{path}: {ours}" if path else str(ours)
+    path = checkpoint_being_read(tb)
+    if path is None:
+        return None
+    unsafe_global = next((line for line in str(exc).splitlines() if "GLOBAL" in line), None)
+    if isinstance(exc, pickle.UnpicklingError) and unsafe_global:
+        return (f"{path}: refused: it holds objects other than tensors and fairseq's "
+                f"configuration, which could run code when loaded ({unsafe_global.strip()})")
+    if isinstance(exc, (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile,
+                        ValueError, KeyError, IndexError, UnicodeDecodeError)):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"{path}: not a readable checkpoint ({first}). It is truncated (a disk that "
+                f"filled up while it was written or copied) or not a PyTorch file: use another "
+                f"checkpoint of the run, e.g. checkpoint_last.pt or checkpointN.pt")
+    return None
+
+
+def install_excepthook() -> None:
+    """Report these errors in one line (exit status 1); others as before."""
+    previous = sys.excepthook
+    if getattr(previous, "reports_checkpoint_errors", False):
+        return
+
+    def excepthook(exc_type, exc, tb):
+        message = describe(exc, tb)
+        if message is None:
+            return previous(exc_type, exc, tb)
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        print(f"{program}: error: {message}", file=sys.stderr)
+
+    excepthook.reports_checkpoint_errors = True
+    sys.excepthook = excepthook

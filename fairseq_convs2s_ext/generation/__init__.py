@@ -1,0 +1,1 @@
+"""What generation adds to fairseq's: the paper's unknown-word replacement."""
