@@ -323,6 +323,21 @@ def test_prepare_word_level_romanian(tmp_path):
     assert 0 < len(tokenized) < 400 and max(len(line.split()) for line in tokenized) <= 12
 
 
+def _write_lines(path: str, lines: list) -> None:
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def test_apply_bpe_reads_codes_learned_again_at_the_same_path(tmp_path):
+    text, codes = str(tmp_path / "text"), str(tmp_path / "codes")
+    _write_lines(text, ["lower lowest newer newest wider widest"] * 20)
+    learn_joint_bpe([text], codes, 2)
+    apply_bpe_file(codes, text, str(tmp_path / "few"))
+    learn_joint_bpe([text], codes, 30)  # enough merges to join every word
+    apply_bpe_file(codes, text, str(tmp_path / "many"))
+    assert "@@" in (tmp_path / "few").read_text()
+    assert (tmp_path / "many").read_text() == (tmp_path / "text").read_text()
+
+
 def test_prepare_empty_training_corpus_is_an_error(tmp_path):
     for lang in ("en", "de"):
         (tmp_path / f"train.{lang}").write_text("")
