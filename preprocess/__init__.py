@@ -7,7 +7,7 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.clean`       training-pair filter (empty, too long, length ratio)
 - :mod:`.bpe`         joint BPE with subword-nmt, and its removal
 - :mod:`.binarize`    ``fairseq-preprocess`` as a subprocess
-- :mod:`.atomic`      atomic, resumable steps
+- :mod:`.atomic`      atomic steps that rebuild when their inputs or options change
 - :mod:`.textio`      UTF-8 line I/O with errors naming file and line
 - :mod:`.pipeline`    ``convs2s-prepare``: all of the above in order
 - :mod:`.align`       ``convs2s-align-dict``: unknown-word replacement dictionary

@@ -136,7 +136,14 @@ def most_frequent(counts: dict) -> dict:
 
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner) -> bool:
-    """Write ``out_path`` (atomically; skipped if it exists); True if it was built."""
+    """Write ``out_path`` atomically unless it is current; True if it was built.
+
+    Current means built from inputs with the same contents by the same aligner (see
+    :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
+    dictionary in place, not deleted, so that a mistyped path costs no finished
+    alignment; the command fails, and its error says that the dictionary is not built
+    from these inputs.
+    """
     def build(temp_out: str) -> None:
         workdir = os.path.dirname(os.path.abspath(temp_out))
         with tempfile.TemporaryDirectory(prefix=".align-work-", dir=workdir) as tmp:
@@ -152,7 +159,8 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
                                                    read_lines(links)))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(dictionary.items())))
 
-    return run_step("alignment dictionary", [src_path, tgt_path], [out_path], build)
+    return run_step("alignment dictionary", [src_path, tgt_path], [out_path], build,
+                    {"aligner": aligner.name})
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:

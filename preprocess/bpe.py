@@ -42,6 +42,7 @@ def apply_bpe(line: str, codes_path: str) -> str:
 
 def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 1) -> int:
     """Segment every line of ``in_path``; return the number of lines."""
+    _load_codes.cache_clear()  # codes_path may have been learned again since it was read
     fn = functools.partial(apply_bpe, codes_path=codes_path)
     return map_lines(fn, in_path, out_path, workers)
 

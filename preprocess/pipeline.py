@@ -1,7 +1,7 @@
 """``convs2s-prepare``: raw parallel text -> fairseq binarized data (paper section 4).
 
-Sennrich's WMT16 pipeline as the paper uses it, one atomic, resumable step each
-(see :mod:`preprocess.atomic`)::
+Sennrich's WMT16 pipeline as the paper uses it, one atomic step each that knows what it
+was built from (see :mod:`preprocess.atomic`)::
 
     normalize punctuation [+ Romanian normalization] + Moses tokenize -a   (every split)
     clean: drop empty, > --max-len tokens, length ratio > --ratio          (train only)
@@ -16,10 +16,16 @@ Layout of the output directory::
     bin/                           fairseq-preprocess output: dict.LANG.txt, *.bin, *.idx,
                                    and SPLIT.SRC-TGT.LANG.txt, the text that was binarized
                                    (read by convs2s_translation for --replace-unk)
-    prepare.json                   the options the directory was prepared with
+    prepare.json                   the options of the last complete run (a summary only)
+    .NAME.built-from.json          beside each step's first output: what it was built from
 
-A rerun skips the steps whose outputs exist, so an interrupted run resumes where it
-stopped. A rerun with different options is refused (stale outputs would be reused).
+Rerunning the command reuses every step that is current and rebuilds, saying why, every
+step whose inputs' contents or options changed, and after it each step whose own inputs
+came out different. So an interrupted run resumes where it stopped; a raw corpus replaced
+in place is tokenized, cleaned, segmented and binarized again; and other options on the
+same directory rebuild only what they affect (other ``--bpe-merges``: BPE and binarization,
+not tokenization and cleaning). Files that the new options no longer produce (``bpe/``
+after ``--no-bpe``, ``tok/test.*`` without ``--testpref``) are left as they were.
 """
 import argparse
 import json
@@ -27,6 +33,7 @@ import logging
 import os
 import shutil
 import sys
+from importlib.metadata import version
 from typing import Optional
 
 from .atomic import atomic_outputs, run_step
@@ -39,28 +46,19 @@ from .tokenize import tokenize_file
 
 logger = logging.getLogger(__name__)
 
-OPTIONS_FILE = "prepare.json"
+SUMMARY_FILE = "prepare.json"
 
 
-def check_options(outdir: str, options: dict) -> None:
-    """Record ``options`` in ``outdir``, or fail if it was prepared with other options."""
-    path = os.path.join(outdir, OPTIONS_FILE)
-    if not os.path.exists(path):
-        with atomic_outputs([path]) as (temp,):
-            with open(temp, "w", encoding="utf-8") as f:
-                json.dump(options, f, indent=2, sort_keys=True)
-        return
-    with open(path, encoding="utf-8") as f:
-        recorded = json.load(f)
-    changed = sorted(key for key in options.keys() | recorded.keys()
-                     if options.get(key) != recorded.get(key))
-    if changed:
-        details = ", ".join(f"{key}: {recorded.get(key)!r} -> {options.get(key)!r}"
-                            for key in changed)
-        raise PreprocessError(
-            f"{outdir} was prepared with other options ({details}). Use a new output "
-            f"directory, or delete {outdir} to prepare it again."
-        )
+def write_summary(outdir: str, options: dict) -> None:
+    """Record in ``outdir/prepare.json`` the options of its last complete preparation."""
+    path, text = os.path.join(outdir, SUMMARY_FILE), json.dumps(options, indent=2, sort_keys=True)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    with atomic_outputs([path]) as (temp,):
+        with open(temp, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def _tokenize_pair(raw: list, langs: tuple, romanian: bool, workers: int,
@@ -82,7 +80,7 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
             srcdict: Optional[str] = None, joined_dictionary: bool = True,
             nwords: int = -1, workers: int = 1) -> str:
-    """Run every step (those already done are skipped); return the binarized data dir.
+    """Run every step that is not current; return the binarized data directory.
 
     Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
@@ -93,12 +91,6 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
         raise PreprocessError(f"--romanian needs 'ro' as source or target language, got {langs}")
     prefixes = {split: os.path.abspath(prefix) for split, prefix in
                 (("train", trainpref), ("valid", validpref), ("test", testpref)) if prefix}
-    check_options(outdir, {
-        "langs": list(langs), "prefixes": prefixes, "romanian": romanian,
-        "bpe_merges": bpe_merges, "max_len": max_len, "ratio": ratio,
-        "srcdict": srcdict and os.path.abspath(srcdict),
-        "joined_dictionary": joined_dictionary, "nwords": nwords,
-    })
 
     def files(prefix: str) -> list:
         return [f"{prefix}.{lang}" for lang in langs]
@@ -107,22 +99,27 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     for split, prefix in prefixes.items():
         raw = files(prefix)
         run_step(f"tokenize {split}", raw, files(tok[split]),
-                 lambda *out, raw=raw: _tokenize_pair(raw, langs, romanian, workers, *out))
+                 lambda *out, raw=raw: _tokenize_pair(raw, langs, romanian, workers, *out),
+                 {"langs": langs, "romanian": romanian, "sacremoses": version("sacremoses")})
 
     cleaned = os.path.join(outdir, "tok", "train.clean")
     text = dict(tok, train=cleaned)
     run_step("clean train", files(tok["train"]), files(cleaned),
-             lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio))
+             lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio),
+             {"max_len": max_len, "ratio": ratio})
 
     if bpe_merges:
         codes = os.path.join(outdir, "bpe", "codes")
+        subword_nmt = {"subword-nmt": version("subword-nmt")}
         run_step("learn BPE", files(text["train"]), [codes],
-                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges))
+                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges),
+                 {"merges": bpe_merges, **subword_nmt})
         segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
         for split in prefixes:
             inputs = files(text[split])
             run_step(f"apply BPE {split}", [codes] + inputs, files(segmented[split]),
-                     lambda *out, inputs=inputs: _apply_bpe_pair(codes, inputs, out, workers))
+                     lambda *out, inputs=inputs: _apply_bpe_pair(codes, inputs, out, workers),
+                     subword_nmt)
         text = segmented
 
     bindir = os.path.join(outdir, "bin")
@@ -138,8 +135,16 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
                 shutil.copyfile(f"{prefix}.{lang}",
                                 os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}.txt"))
 
-    run_step("binarize", [path for prefix in text.values() for path in files(prefix)],
-             [bindir], binarize_with_text)
+    run_step("binarize", [path for prefix in text.values() for path in files(prefix)]
+             + ([srcdict] if srcdict else []), [bindir], binarize_with_text,
+             {"langs": langs, "splits": list(text), "srcdict": bool(srcdict),
+              "joined_dictionary": joined_dictionary, "nwords": nwords})
+    write_summary(outdir, {
+        "langs": list(langs), "prefixes": prefixes, "romanian": romanian,
+        "bpe_merges": bpe_merges, "max_len": max_len, "ratio": ratio,
+        "srcdict": srcdict and os.path.abspath(srcdict),
+        "joined_dictionary": joined_dictionary, "nwords": nwords,
+    })
     logger.info("done: binarized data in %s; tokenized training text for "
                 "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
     return bindir
@@ -149,7 +154,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="convs2s-prepare",
         description="Tokenize, clean, BPE-encode and binarize a parallel corpus for ConvS2S "
-                    "(files PREFIX.LANG). Rerun the same command to resume.")
+                    "(files PREFIX.LANG). Rerun to resume, or to update the outputs after "
+                    "the inputs or options changed: only the steps affected run again.")
     parser.add_argument("-s", "--source-lang", required=True)
     parser.add_argument("-t", "--target-lang", required=True)
     parser.add_argument("--trainpref", required=True, help="raw training text prefix")

@@ -103,29 +103,82 @@ def _check_multi30k_dictionary(path: Path) -> None:
     assert list(entries) == sorted(entries)
 
 
-@pytest.mark.skipif(shutil.which("eflomal-align", path=os.pathsep.join(
-                        [os.environ.get("PATH", ""), os.path.dirname(sys.executable)])) is None,
-                    reason="eflomal-align not installed (pip install eflomal)")
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
+needs_eflomal = pytest.mark.skipif(
+    shutil.which("eflomal-align", path=os.pathsep.join(
+        [os.environ.get("PATH", ""), os.path.dirname(sys.executable)])) is None,
+    reason="eflomal-align not installed (pip install eflomal)")
+needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(),
+                                    reason=f"Multi30k not found under {DATA}")
+
+
+def _align_dict(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "preprocess.align", *map(str, args)],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+@needs_eflomal
+@needs_multi30k
 def test_multi30k_dictionary_with_eflomal(tmp_path):
     src, tgt = _multi30k_tokenized(tmp_path, 3000)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
-                           "-o", str(out), "--aligner", "eflomal"],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = _align_dict("--src", src, "--tgt", tgt, "-o", out, "--aligner", "eflomal")
     assert proc.returncode == 0, proc.stderr
     assert "aligning 3000 pairs" in proc.stderr and "(2 left out" in proc.stderr
     _check_multi30k_dictionary(out)
-    assert sorted(os.listdir(tmp_path)) == ["align.dict", "raw.de", "raw.en", "tok.de", "tok.en"]
+    assert sorted(os.listdir(tmp_path)) == [".align.dict.built-from.json", "align.dict",
+                                            "raw.de", "raw.en", "tok.de", "tok.en"]
+
+
+@needs_eflomal
+@needs_multi30k
+def test_dictionary_is_rebuilt_when_inputs_or_options_change(tmp_path):
+    src, tgt = _multi30k_tokenized(tmp_path, 300)
+    out = tmp_path / "align.dict"
+    args = ["--src", src, "--tgt", tgt, "-o", out, "--aligner", "eflomal"]
+    assert _align_dict(*args).returncode == 0
+    first = out.read_text(encoding="utf-8")
+    proc = _align_dict(*args)
+    assert proc.returncode == 0 and "alignment dictionary: reused" in proc.stderr
+    assert "aligning" not in proc.stderr
+
+    # Other sentences under the same paths: aligned again.
+    full = {path: Path(path).read_text(encoding="utf-8") for path in (src, tgt)}
+    for path, text in full.items():
+        write(Path(path), text.splitlines()[:150])
+    proc = _align_dict(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert f"alignment dictionary: rebuilding: {src} changed; {tgt} changed" in proc.stderr
+    second = out.read_text(encoding="utf-8")
+    assert len(second.splitlines()) < len(first.splitlines())
+
+    # An empty input fails, and says that the dictionary left in place is not from it.
+    Path(src).write_text("")
+    proc = _align_dict(*args)
+    assert proc.returncode == 1
+    assert f"input corpus is empty: {src}" in proc.stderr
+    assert f"{out} left as an earlier run wrote them, not built from these" in proc.stderr
+    assert out.read_text(encoding="utf-8") == second
+
+    # Another aligner is another option: rebuilt (here with one that fails), not kept.
+    write(Path(src), full[src].splitlines()[:150])
+    proc = _align_dict("--src", src, "--tgt", tgt, "-o", out, "--fast-align",
+                       shutil.which("false"))
+    assert proc.returncode == 1
+    assert "rebuilding: options changed: aligner: 'eflomal' -> 'fast_align'" in proc.stderr
+    assert "fast_align failed with exit status 1" in proc.stderr
+    assert out.read_text(encoding="utf-8") == second
+
+    # The record still describes that dictionary: the inputs it was built from reuse it.
+    proc = _align_dict(*args)
+    assert proc.returncode == 0 and "alignment dictionary: reused" in proc.stderr
 
 
 @pytest.mark.skipif(shutil.which("fast_align") is None, reason="fast_align not on PATH")
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
+@needs_multi30k
 def test_multi30k_dictionary_with_fast_align(tmp_path):
     src, tgt = _multi30k_tokenized(tmp_path, 3000)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
-                           "-o", str(out), "--fast-align", shutil.which("fast_align")],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = _align_dict("--src", src, "--tgt", tgt, "-o", out, "--fast-align",
+                       shutil.which("fast_align"))
     assert proc.returncode == 0, proc.stderr
     _check_multi30k_dictionary(out)

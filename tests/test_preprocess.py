@@ -1,15 +1,19 @@
 """Tests of the preprocess package on real parallel text (Multi30k, RO-STS), no mocks."""
+import hashlib
+import itertools
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from preprocess.atomic import run_step, temp_path
+from preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
 from preprocess.binarize import binarize
 from preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
 from preprocess.clean import clean_corpus, keep_pair
@@ -177,7 +181,7 @@ def test_non_utf8_input_names_file_line_and_fix(tmp_path):
         tokenize_file(str(tmp_path / "a.de"), str(tmp_path / "o.de"), "de", workers=2)
 
 
-# --- atomic, resumable steps ----------------------------------------------------------------
+# --- atomic steps that know what they were built from --------------------------------------
 
 def _write_half_then_fail(out: str) -> None:
     with open(out, "w") as f:
@@ -185,20 +189,33 @@ def _write_half_then_fail(out: str) -> None:
     raise RuntimeError("step failed halfway")
 
 
+def _upper(inp: Path, calls: list = None):
+    """A step action: write the input in capitals."""
+    def action(out: str) -> None:
+        if calls is not None:
+            calls.append(out)
+        Path(out).write_text(inp.read_text().upper())
+    return action
+
+
+def _step(inp: Path, out: Path, calls: list = None, **options) -> bool:
+    return run_step("demo", [str(inp)], [str(out)], _upper(inp, calls), options)
+
+
 def test_failed_step_leaves_no_output_and_reruns(tmp_path):
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     with pytest.raises(RuntimeError, match="halfway"):
         run_step("demo", [str(inp)], [str(out)], _write_half_then_fail)
-    assert os.listdir(tmp_path) == ["in.txt"]  # neither output nor temporary file
+    assert os.listdir(tmp_path) == ["in.txt"]  # neither output, temporary file nor record
 
-    assert run_step("demo", [str(inp)], [str(out)], lambda o: Path(o).write_text("done\n"))
-    assert out.read_text() == "done\n"
+    assert _step(inp, out)
+    assert out.read_text() == "DATA\n"
 
 
-def test_killed_step_leaves_only_a_temp_file_that_rerun_cleans(tmp_path):
+def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
-    inp.write_text("data\n")
+    record = Path(record_path([str(out)]))
     script = textwrap.dedent(f"""
         import os, signal
         from preprocess.atomic import run_step
@@ -209,27 +226,110 @@ def test_killed_step_leaves_only_a_temp_file_that_rerun_cleans(tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
         run_step("demo", [{str(inp)!r}], [{str(out)!r}], action)
     """)
+    inp.write_text("data\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
     assert proc.returncode == -9
-    assert not out.exists() and Path(temp_path(str(out))).exists()
+    assert not out.exists() and not record.exists() and Path(temp_path(str(out))).exists()
+    assert _step(inp, out)
+    assert out.read_text() == "DATA\n"
+    assert sorted(os.listdir(tmp_path)) == [record.name, "in.txt", "out.txt"]
 
-    assert run_step("demo", [str(inp)], [str(out)], lambda o: Path(o).write_text("done\n"))
-    assert out.read_text() == "done\n"
-    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.txt"]
+    # Killed while rebuilding for a changed input: the earlier output and its record stay,
+    # the record still describes that output, and the rerun rebuilds.
+    built = record.read_text()
+    inp.write_text("new data\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    assert proc.returncode == -9
+    assert out.read_text() == "DATA\n" and record.read_text() == built
+    assert _step(inp, out)
+    assert out.read_text() == "NEW DATA\n"
 
 
-def test_finished_step_is_skipped(tmp_path):
+def test_step_is_reused_only_while_inputs_options_and_outputs_are_unchanged(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="preprocess.atomic")
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     calls = []
+    assert _step(inp, out, calls, n=1)
+    assert not _step(inp, out, calls, n=1)
+    assert "demo: reused" in caplog.text and len(calls) == 1
+    os.utime(inp)  # a new mtime with the same content: content decides
+    assert not _step(inp, out, calls, n=1)
 
-    def action(o):
-        calls.append(o)
-        Path(o).write_text("done\n")
+    # Replaced in place with the same size and the same mtime: still noticed.
+    stat = inp.stat()
+    inp.write_text("atad\n")
+    os.utime(inp, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert inp.stat().st_size == stat.st_size
+    assert _step(inp, out, calls, n=1)
+    assert f"demo: rebuilding: {inp} changed" in caplog.text
+    assert out.read_text() == "ATAD\n"
 
-    assert run_step("demo", [str(inp)], [str(out)], action)
-    assert not run_step("demo", [str(inp)], [str(out)], action)
-    assert len(calls) == 1
+    assert _step(inp, out, calls, n=2)
+    assert "demo: rebuilding: options changed: n: 1 -> 2" in caplog.text
+
+    out.write_text("TAMPERED\n")
+    assert _step(inp, out, calls, n=2)
+    assert f"demo: rebuilding: {out} modified since it was built" in caplog.text
+    assert out.read_text() == "ATAD\n"
+    out.unlink()
+    assert _step(inp, out, calls, n=2)
+    assert f"demo: rebuilding: {out} missing" in caplog.text
+
+    # The same content under another path is the same input.
+    other = tmp_path / "other.txt"
+    other.write_text("atad\n")
+    assert not _step(other, out, calls, n=2)
+    assert len(calls) == 5
+
+
+def test_outputs_without_a_record_are_rebuilt(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="preprocess.atomic")
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("data\n")
+    out.write_text("written by an older version\n")
+    assert _step(inp, out)
+    assert f"demo: rebuilding: no record of what built {out}" in caplog.text
+    assert out.read_text() == "DATA\n"
+
+
+def test_failed_rebuild_keeps_the_earlier_output_and_its_record(tmp_path):
+    inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("data\n")
+    assert _step(inp, out)
+
+    def fail(temp):
+        raise PreprocessError("the new input is wrong")
+
+    inp.write_text("wrong\n")
+    with pytest.raises(PreprocessError) as exc:
+        run_step("demo", [str(inp)], [str(out)], fail)
+    assert f"demo failed: {out} left as an earlier run wrote them, not built from these" \
+        in str(exc.value)
+    assert out.read_text() == "DATA\n"
+    # The record still says truthfully what that output was built from.
+    inp.write_text("data\n")
+    assert not _step(inp, out)
+
+
+def test_record_keeps_stat_only_of_files_that_changed_long_enough_ago(tmp_path):
+    old, new, out = tmp_path / "old.txt", tmp_path / "new.txt", tmp_path / "out.txt"
+    old.write_text("old\n")
+    time.sleep(RECENT_SECONDS + 0.1)
+    new.write_text("new\n")
+    run_step("demo", [str(old), str(new)], [str(out)], _upper(old))
+    record = json.loads(Path(record_path([str(out)])).read_text())
+    (old_entry,), (new_entry,) = (entry["files"].values() for entry in record["inputs"])
+    stat = old.stat()
+    assert old_entry["stat"] == [stat.st_ino, 4, stat.st_mtime_ns, stat.st_ctime_ns]
+    assert new_entry["stat"] is None  # a second write within the same tick could hide
+    assert old_entry["sha256"] == hashlib.sha256(b"old\n").hexdigest()
+
+    # Same inode, size and mtime, other bytes: the ctime gives the rewrite away.
+    old.write_text("OLD\n")
+    os.utime(old, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert run_step("demo", [str(old), str(new)], [str(out)], _upper(old))
+    assert out.read_text() == "OLD\n"
 
 
 def test_empty_or_missing_input_is_an_error_naming_the_file(tmp_path):
@@ -292,20 +392,28 @@ def test_prepare_multi30k_end_to_end(tmp_path):
             # The binarized text is kept beside the binaries for --replace-unk.
             assert (bindir / f"{split}.en-de.{lang}.txt").read_text(encoding="utf-8") == text.read_text(encoding="utf-8")
     assert counts[str(out / "bpe" / "train.en")][0] == kept
-    assert not [p for p in out.rglob(".*")]  # no temporary files left
+    assert not list(out.rglob(".*.tmp"))  # no temporary files left
+    assert len(list(out.rglob(".*.built-from.json"))) == 9  # one record per step
 
-    # A rerun skips every step and rewrites nothing.
-    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    # A rerun reuses every step and rewrites none of the outputs.
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*")
+              if p.is_file() and p.name[0] != "."}
     proc = _run_prepare(*args)
     assert proc.returncode == 0, proc.stderr
     # 3 x tokenize, clean, learn BPE, 3 x apply BPE, binarize
-    assert proc.stderr.count("skipped, outputs exist") == 9
-    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == mtimes
+    assert proc.stderr.count(": reused, inputs and options unchanged") == 9
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
-    # Other options on the same directory are refused rather than silently mixed.
-    proc = _run_prepare(*args[:-4], "--bpe-merges", "500")
-    assert proc.returncode == 1
-    assert "bpe_merges: 1000 -> 500" in proc.stderr
+    # Other options on the same directory rebuild what they affect, and only that.
+    proc = _run_prepare(*args[:-4], "--bpe-merges", "500", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count(": reused, inputs and options unchanged") == 4  # tokenize, clean
+    assert "learn BPE: rebuilding: options changed: merges: 1000 -> 500" in proc.stderr
+    assert f"apply BPE test: rebuilding: {out / 'bpe' / 'codes'} changed" in proc.stderr
+    assert f"binarize: rebuilding: {out / 'bpe' / 'train.en'} changed" in proc.stderr
+    assert count_lines(out / "bpe" / "codes") == 501
+    assert 500 < count_lines(dict_en) < 800
+    assert json.loads((out / "prepare.json").read_text())["bpe_merges"] == 500
 
 
 @needs_data
@@ -321,6 +429,86 @@ def test_prepare_word_level_romanian(tmp_path):
     assert not any("@@" in word for word in words)
     tokenized = list(read_lines(str(tmp_path / "out" / "tok" / "train.clean.en")))
     assert 0 < len(tokenized) < 400 and max(len(line.split()) for line in tokenized) <= 12
+
+
+def _write_lines(path: str, lines: list) -> None:
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _corpus_lines(split: str, lang: str, start: int, stop: int) -> list:
+    with open(MULTI30K / f"{split}.{lang}", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in itertools.islice(f, start, stop)]
+
+
+def _outputs(outdir: Path) -> dict:
+    """{relative path: bytes} of what prepare wrote, less records and fairseq's log."""
+    return {str(p.relative_to(outdir)): p.read_bytes() for p in sorted(outdir.rglob("*"))
+            if p.is_file() and p.name[0] != "." and p.name not in ("preprocess.log",
+                                                                    "prepare.json")}
+
+
+@needs_data
+def test_prepare_follows_a_corpus_replaced_in_place(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="preprocess.atomic")
+    train = raw_pair(tmp_path, "train", 300)
+    valid = raw_pair(tmp_path, "val", 100)
+    out = tmp_path / "out"
+    prepare(str(out), "en", "de", train, valid, bpe_merges=200)
+    before = _outputs(out)
+
+    # The same paths, other sentences: every step that reads them, directly or not, runs.
+    for lang in ("en", "de"):
+        _write_lines(f"{train}.{lang}", _corpus_lines("train", lang, 300, 600))
+    caplog.clear()
+    prepare(str(out), "en", "de", train, valid, bpe_merges=200)
+    log = caplog.text
+    assert f"tokenize train: rebuilding: {train}.en changed; {train}.de changed" in log
+    assert "tokenize valid: reused" in log
+    for step in ("clean train", "learn BPE", "apply BPE train", "apply BPE valid", "binarize"):
+        assert f"{step}: rebuilding: " in log
+    after = _outputs(out)
+    assert after["tok/valid.en"] == before["tok/valid.en"]
+    for changed in ("tok/train.en", "tok/train.clean.de", "bpe/codes", "bpe/valid.en",
+                    "bin/dict.en.txt", "bin/train.en-de.de.bin", "bin/train.en-de.en.txt"):
+        assert after[changed] != before[changed], changed
+    # Exactly what a fresh directory gets from the new corpus.
+    fresh = tmp_path / "fresh"
+    prepare(str(fresh), "en", "de", train, valid, bpe_merges=200)
+    assert after == _outputs(fresh)
+
+    # A file changed inside bin/ (a directory output) is noticed too.
+    (out / "bin" / "train.en-de.en.bin").write_bytes(b"tampered")
+    caplog.clear()
+    prepare(str(out), "en", "de", train, valid, bpe_merges=200)
+    assert f"binarize: rebuilding: {out / 'bin'} modified since it was built" in caplog.text
+    assert caplog.text.count(": reused") == 6
+    assert _outputs(out) == after
+
+
+@needs_data
+def test_corrected_corpus_is_not_shadowed_by_old_tokenized_text(tmp_path):
+    train = raw_pair(tmp_path, "train", 200)
+    good = _corpus_lines("train", "de", 0, 200)
+    # A broken target side: every line three times over, so cleaning drops every pair.
+    _write_lines(f"{train}.de", [" ".join([line] * 3) for line in good])
+    with pytest.raises(PreprocessError, match="cleaning dropped all 200 pairs"):
+        prepare(str(tmp_path / "out"), "en", "de", train, bpe_merges=None)
+    _write_lines(f"{train}.de", good)  # corrected in place
+    bindir = prepare(str(tmp_path / "out"), "en", "de", train, bpe_merges=None)
+    assert 150 < count_lines(os.path.join(bindir, "train.en-de.de.txt")) <= 200
+    assert list(read_lines(str(tmp_path / "out" / "tok" / "train.de")))[0] == \
+        normalize_and_tokenize(good[0], "de")
+
+
+def test_apply_bpe_reads_codes_learned_again_at_the_same_path(tmp_path):
+    text, codes = str(tmp_path / "text"), str(tmp_path / "codes")
+    _write_lines(text, ["lower lowest newer newest wider widest"] * 20)
+    learn_joint_bpe([text], codes, 2)
+    apply_bpe_file(codes, text, str(tmp_path / "few"))
+    learn_joint_bpe([text], codes, 30)  # enough merges to join every word
+    apply_bpe_file(codes, text, str(tmp_path / "many"))
+    assert "@@" in (tmp_path / "few").read_text()
+    assert (tmp_path / "many").read_text() == (tmp_path / "text").read_text()
 
 
 def test_prepare_empty_training_corpus_is_an_error(tmp_path):
