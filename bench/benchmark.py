@@ -27,18 +27,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.data import prepare, test_text
+from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns
+from bench.machine import matmul_gflops
+from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task
+from bench.reference import reference_checkpoint
+from bench.training import TrainingRun, train_side_by_side, training_batches
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-from bench.data import prepare  # noqa: E402
-from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns  # noqa: E402
-from bench.machine import matmul_gflops  # noqa: E402
-from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task  # noqa: E402
-from bench.reference import reference_checkpoint  # noqa: E402
-from bench.training import TrainingRun, train_side_by_side, training_batches  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -46,7 +45,6 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a few updates and sentences: a smoke test in minutes")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
     p.add_argument("--dropout", type=float, default=0.2)
-    p.add_argument("--merges", type=int, default=10000, help="joint BPE merges")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=2, help="torch threads (CPU)")
     p.add_argument("--low-precision", default=None, choices=["bf16", "fp16", "none"],
@@ -119,17 +117,14 @@ def run_training(args, task, results):
 
 
 def bleu(task, hypotheses, lang="de"):
-    import sacrebleu
-    from sacremoses import MosesDetokenizer
+    """sacreBLEU of the hypotheses as the recipes score them (BPE removed, detokenized)."""
+    from preprocess.tokenize import detokenize
+    from recipes.score import bleu as sacrebleu_score
 
-    from bench.data import data_root
-
-    with open(data_root() / "multi30k" / f"test_2016_flickr.{lang}", encoding="utf-8") as f:
-        references = [line.strip() for line in f]
-    detok = MosesDetokenizer(lang)
+    references = test_text(lang)
     ids = sorted(hypotheses)
-    text = [detok.detokenize(task.target_dictionary.string(hypotheses[i], "subword_nmt").split()) for i in ids]
-    return sacrebleu.corpus_bleu(text, [[references[i] for i in ids]]).score
+    text = [detokenize(task.target_dictionary.string(hypotheses[i], "subword_nmt"), lang) for i in ids]
+    return sacrebleu_score(text, [references[i] for i in ids])["score"]
 
 
 def run_generation(args, task, fconv, fconv_args, results):
@@ -235,7 +230,7 @@ def print_table(args, results, machine):
         metrics += [m for m in results[name] if m not in metrics]
     print(f"\nmachine: {machine['device']}, {args.threads} threads; torch.mm {machine['n']}^3: "
           f"fp32 {machine['fp32 GFLOP/s']:.0f} GFLOP/s, bf16 {machine['bf16 GFLOP/s']:.0f} GFLOP/s")
-    print(f"arch {args.arch}, Multi30k en-de BPE {args.merges}; training: {args.updates} timed updates of "
+    print(f"arch {args.arch}, Multi30k en-de as `make demo` prepares it; training: {args.updates} timed updates of "
           f"{args.max_tokens} tokens; generation: {results.get('sentences', '-')} sentences, batch {args.batch_size}"
           + ("  [QUICK: smoke test, not a measurement]" if args.quick else ""))
     header = ["metric"] + [n for n in names] + [f"{n} / fconv" for n in names if n != "fconv"]
@@ -270,7 +265,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
-    data_bin = prepare("en", "de", args.merges)
+    data_bin = prepare()
     task = translation_task(data_bin)
     machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)",
                "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),

@@ -26,15 +26,14 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from bench.data import prepare  # noqa: E402
-from bench.generation import GenerationRun, generation_batches, generation_options  # noqa: E402
-from bench.models import convs2s_criterion, convs2s_like, load_fconv, new_fconv, translation_task  # noqa: E402
-from bench.reference import reference_checkpoint  # noqa: E402
-from bench.training import TrainingRun, training_batches  # noqa: E402
+from bench.data import prepare
+from bench.generation import GenerationRun, generation_batches, generation_options
+from bench.models import convs2s_criterion, convs2s_like, load_fconv, new_fconv, translation_task
+from bench.reference import reference_checkpoint
+from bench.training import TrainingRun, training_batches
 
 
 def _plain_reorder(encoder_out, new_order):

@@ -6,18 +6,30 @@ generation benchmark translates with a model trained for 10 epochs by fairseq's 
 ``fairseq-train`` (sacreBLEU 32.0 on test_2016_flickr; about 35 minutes on 2 cores): the
 paper's optimizer (NAG, lr 0.25, momentum 0.99, gradient norm clipped at 0.1), label
 smoothing 0.1 and dropout 0.2. It is trained once and reused; a half-finished run is
-resumed from its last checkpoint.
+resumed from its last checkpoint. It is keyed by the bytes of the binarized data, so data
+prepared differently trains a new reference instead of reusing one trained on other data.
 """
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .data import cache_root
+from .data import RECIPE, cache_root
+
+
+def data_fingerprint(data_bin):
+    """sha256 (12 hex digits) of every file of the binarized folder, by name."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(data_bin).iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=10, max_tokens=4000, threads=2):
     """Path of checkpoint_last.pt of `arch` trained `epochs` epochs on `data_bin`."""
-    save_dir = cache_root() / f"reference-{Path(data_bin).parent.name}-{arch}-{epochs}ep"
+    save_dir = cache_root() / f"reference-{RECIPE}-{data_fingerprint(data_bin)}-{arch}-{epochs}ep"
     checkpoint = save_dir / "checkpoint_last.pt"
     done = save_dir / "done"
     if done.exists():
@@ -31,8 +43,6 @@ def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=10, max_toke
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50",
     ]
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    import os
-
     subprocess.run(command, check=True, env={**os.environ, **env})
     done.touch()
     return checkpoint

@@ -22,6 +22,13 @@ from preprocess.atomic import atomic_outputs
 from .download import DownloadError, fetch
 
 logger = logging.getLogger(__name__)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def data_root() -> str:
+    """The data folder: ``CONVS2S_DATA`` if set (the Makefile sets it from ``DATA=``), else
+    ``shared/data`` beside the checkout. The one place that default is written."""
+    return os.environ.get("CONVS2S_DATA") or os.path.join(os.path.dirname(REPO), "shared", "data")
 
 
 @dataclass(frozen=True)

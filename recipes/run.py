@@ -73,6 +73,20 @@ def fetch_data(recipe, data_dir, work, backtranslation=True):
     return experiment, train_prefix, experiment.valid.prefix(data_dir), experiment.test.prefix(data_dir)
 
 
+def prepare_data(recipe, data_dir, work, backtranslation=True):
+    """Fetch and prepare a recipe's corpus in ``work/prepared``: (experiment, raw test prefix,
+    prepared folder, binarized folder). The benchmark prepares its data here too."""
+    if isinstance(recipe, str):
+        recipe = RECIPES[recipe]
+    os.makedirs(work, exist_ok=True)
+    experiment, train_prefix, valid_prefix, test_prefix = fetch_data(recipe, data_dir, work, backtranslation)
+    prepared = os.path.join(work, "prepared")
+    data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
+                       romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
+                       nwords=recipe.nwords, workers=os.cpu_count() or 1)
+    return experiment, test_prefix, prepared, data_bin
+
+
 def train(recipe, data_bin, work, overrides):
     """fairseq-hydra-train with the recipe's config; fairseq resumes from checkpoint_last.pt."""
     command = [
@@ -155,12 +169,7 @@ def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
             raise SystemExit(f"error: no smoke mode for {name}; smoke runs exist for {', '.join(SMOKE)}")
         recipe = replace(recipe, **SMOKE[name])
         overrides = SMOKE_OVERRIDES + overrides
-    os.makedirs(work, exist_ok=True)
-    experiment, train_prefix, valid_prefix, test_prefix = fetch_data(recipe, data_dir, work, backtranslation)
-    prepared = os.path.join(work, "prepared")
-    data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
-                       romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
-                       nwords=recipe.nwords, workers=os.cpu_count() or 1)
+    experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation)
     checkpoint = train(recipe, data_bin, work, overrides)
     hypotheses, output = generate(recipe, data_bin, checkpoint, work)
     results, outputs = evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output)
@@ -176,7 +185,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(RECIPES))
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="hydra overrides of the recipe's config")
-    parser.add_argument("--data", default=os.environ.get("CONVS2S_DATA", os.path.join(ROOT, "..", "shared", "data")),
+    parser.add_argument("--data", default=corpora.data_root(),
                         help="corpus cache/mirror folder (env CONVS2S_DATA); missing corpora are downloaded into it")
     parser.add_argument("--work", help="work folder (default: work/NAME in the checkout)")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few updates, small local data")
