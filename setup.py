@@ -17,10 +17,18 @@ setup(
         "subword-nmt>=0.3.8",
         "sacremoses>=0.0.53",
         "hydra-core>=1.3",
+        "numpy",
+        # fast_align's C++ code as a library: convs2s-align-dict's default aligner, run as
+        # `python -m preprocess.fastalign`, which reads the library's table files (format
+        # of 3.5.0). Wheels exist for Linux x86-64 and CPython 3.7 to 3.11 only; elsewhere
+        # install the fast_align binary.
+        'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
+        'and python_version < "3.12"',
     ],
     extras_require={
         "test": ["pytest>=7"],
-        # GPL-3 word aligner, called only as a separate process (`eflomal-align`).
+        # GPL-3 word aligner (convs2s-align-dict --aligner eflomal), called only as a
+        # separate process (`eflomal-align`).
         "align": ["eflomal"],
         # ROUGE for the Gigaword summarization recipe.
         "gigaword": ["rouge-score"],

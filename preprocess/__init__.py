@@ -11,5 +11,7 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.textio`      UTF-8 line I/O with errors naming file and line
 - :mod:`.pipeline`    ``convs2s-prepare``: all of the above in order
 - :mod:`.align`       ``convs2s-align-dict``: unknown-word replacement dictionary
+- :mod:`.fastalign`   fast_align's forward alignment from the systran-align library
+- :mod:`.processes`   child processes that stop with the command that started them
 - :mod:`.postprocess` ``convs2s-postprocess``: remove BPE and detokenize translations
 """

@@ -10,20 +10,37 @@ exactly as they appear in the tokenized input (no lowercasing), so feed the same
 tokenized text the model is trained on. Output: ``align.dict``, one ``source target``
 line per source word, sorted, the format fairseq's ``--replace-unk`` reads.
 
-The aligner is an external program run as a separate process: the ``fast_align`` binary
-(on PATH or ``--fast-align PATH``) or else ``eflomal-align`` (``pip install eflomal``,
-GPL-3, never imported). Both read ``source ||| target`` lines and reject a pair with an
-empty side, so the pairs with an empty side, and the pairs containing ``|||`` themselves
-(which would split the line in the wrong place), are left out of the aligner's input; the
-same pairs are left out when its output is read back, which keeps alignment line N on
-pair N. Replacing ``|||`` instead would put a made-up token into the dictionary.
+The aligner (``--aligner``; :data:`FAST_ALIGN_SETTINGS` are its options) runs as a separate
+process:
+
+- ``fast_align``: the binary, when it is on PATH or given with ``--fast-align PATH``.
+- ``systran-align``: otherwise, and by default after ``make install``: fast_align's model
+  from the systran-align library, run as ``python -m preprocess.fastalign`` (see there:
+  the same EM training, the same forward decision, one thread so that every run gives the
+  same dictionary). On Multi30k its dictionary is identical to the binary's.
+- ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
+  never imported), a different aligner, whose dictionary changes from run to run.
+
+All of them read ``source ||| target`` lines and reject a pair with an empty side, so the
+pairs with an empty side, and the pairs containing ``|||`` themselves (which would split
+the line in the wrong place), are left out of the aligner's input; the same pairs are left
+out when its output is read back, which keeps alignment line N on pair N. Replacing
+``|||`` instead would put a made-up token into the dictionary.
+
+The aligner works in a folder beside the output, ``.align-work-HOST-PID-*``, removed when
+it ends, fails, or is stopped by SIGINT or SIGTERM (which also stop the aligner). A
+SIGKILL, which nothing can catch, leaves the folder behind (on Linux the kernel still
+stops the aligner, see :mod:`.processes`): the next run removes the folders of processes
+of this host that no longer exist.
 """
 import argparse
+import importlib.util
 import logging
 import os
+import re
 import shlex
 import shutil
-import subprocess
+import socket
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -32,24 +49,48 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 
 from .atomic import run_step
 from .errors import PreprocessError
+from .processes import exit_on_sigterm, process_exists, run_child
 from .textio import check_parallel, count_lines, read_lines, write_lines
 
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "|||"
+# fast_align's options for the paper's dictionary, as the Lua fairseq ran it: favour the
+# diagonal (-d), optimize its tension (-o), Dirichlet prior on the translation tables (-v);
+# NULL word, p0 = 0.08 and 5 iterations are fast_align's defaults. The binary and
+# ``python -m preprocess.fastalign`` take them alike.
+FAST_ALIGN_SETTINGS = ("-d", "-o", "-v")
+ALIGNERS = ("fast_align", "systran-align", "eflomal")
 EXECUTABLES = {"fast_align": "fast_align", "eflomal": "eflomal-align"}
-INSTALL_HINT = (
-    "Install one of them: fast_align (build it from https://github.com/clab/fast_align with "
-    "cmake and make, then put `fast_align` on PATH or pass --fast-align PATH), or eflomal "
-    "(`pip install eflomal`, GPL-3, which provides the `eflomal-align` command)."
-)
+INSTALL_HINTS = {
+    "fast_align": "build it from https://github.com/clab/fast_align with cmake and make, "
+                  "then put `fast_align` on PATH or pass --fast-align PATH",
+    "systran-align": "`pip install systran-align` (`make install` does; wheels for Linux "
+                     "x86-64 and Python 3.7 to 3.11 only)",
+    "eflomal": "`pip install eflomal` (GPL-3), which provides the `eflomal-align` command",
+}
 # Lines of the aligner's error output quoted when it fails.
 ERROR_TAIL_LINES = 20
+WORK_PREFIX = ".align-work-"
+WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-\w+")
 
 
 class Aligner(NamedTuple):
-    name: str  # "fast_align" or "eflomal"
-    executable: str
+    """A word aligner and how to start it; its settings are :data:`FAST_ALIGN_SETTINGS`
+    (eflomal's own defaults for eflomal)."""
+    name: str  # one of ALIGNERS
+    command: tuple  # the program and its first arguments
+
+    def options(self) -> dict:
+        """What the dictionary depends on besides the training text."""
+        settings = () if self.name == "eflomal" else FAST_ALIGN_SETTINGS
+        return {"aligner": self.name, "settings": " ".join(settings)}
+
+    def invocation(self, corpus_path: str, links_path: str) -> tuple:
+        """(argv, file receiving stdout) to write the forward links of ``corpus_path``."""
+        if self.name == "eflomal":
+            return [*self.command, "-i", corpus_path, "-f", links_path], os.devnull
+        return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS], links_path
 
 
 def default_search_path() -> str:
@@ -57,27 +98,37 @@ def default_search_path() -> str:
     return os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
 
 
+def installed_command(name: str, search_path: str) -> Optional[tuple]:
+    """The command that starts aligner ``name``, or None if it is not installed."""
+    if name == "systran-align":
+        found = importlib.util.find_spec("systran_align") is not None  # not imported here
+        return (sys.executable, "-m", "preprocess.fastalign") if found else None
+    executable = shutil.which(EXECUTABLES[name], path=search_path)
+    return (executable,) if executable else None
+
+
 def find_aligner(choice: str = "auto", fast_align: Optional[str] = None,
                  search_path: Optional[str] = None) -> Aligner:
-    """The aligner to run: an explicit fast_align binary, else the first one found.
+    """The aligner to run: an explicit fast_align binary, else the one ``choice`` names.
 
-    ``choice`` is "auto" (fast_align, then eflomal), "fast_align" or "eflomal".
+    ``choice`` is "auto" (the fast_align binary if found, else systran-align) or one of
+    :data:`ALIGNERS`.
     """
     if fast_align:
-        if choice == "eflomal":
-            raise PreprocessError("--fast-align PATH contradicts --aligner eflomal")
+        if choice not in ("auto", "fast_align"):
+            raise PreprocessError(f"--fast-align PATH contradicts --aligner {choice}")
         if not (os.path.isfile(fast_align) and os.access(fast_align, os.X_OK)):
             raise PreprocessError(f"--fast-align {fast_align}: not an executable file")
-        return Aligner("fast_align", fast_align)
+        return Aligner("fast_align", (fast_align,))
     path = default_search_path() if search_path is None else search_path
-    names = list(EXECUTABLES) if choice == "auto" else [choice]
+    names = ["fast_align", "systran-align"] if choice == "auto" else [choice]
     for name in names:
-        executable = shutil.which(EXECUTABLES[name], path=path)
-        if executable:
-            return Aligner(name, executable)
-    wanted = " or ".join(EXECUTABLES[name] for name in names)
-    raise PreprocessError(f"no word aligner found: neither {wanted} is on the search path "
-                          f"({path}). {INSTALL_HINT}")
+        command = installed_command(name, path)
+        if command:
+            return Aligner(name, command)
+    hints = "; or ".join(f"{name}: {INSTALL_HINTS[name]}" for name in names)
+    raise PreprocessError(f"no word aligner found ({' or '.join(names)}; binaries are looked "
+                          f"for on {path}). Install {hints}.")
 
 
 def aligned_pairs(src_path: str, tgt_path: str) -> Iterator[tuple]:
@@ -97,17 +148,26 @@ def write_aligner_input(src_path: str, tgt_path: str, corpus_path: str) -> int:
                                      for src, tgt in aligned_pairs(src_path, tgt_path)))
 
 
-def run_aligner(aligner: Aligner, corpus_path: str, links_path: str) -> None:
-    """Forward-align ``corpus_path``, writing Pharaoh ``i-j`` links to ``links_path``."""
-    if aligner.name == "fast_align":  # writes the links to stdout
-        cmd, stdout = [aligner.executable, "-i", corpus_path, "-d", "-o", "-v"], links_path
-    else:
-        cmd, stdout = [aligner.executable, "-i", corpus_path, "-f", links_path], os.devnull
-    with open(stdout, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.splitlines()[-ERROR_TAIL_LINES:])
-        raise PreprocessError(f"{aligner.name} failed with exit status {proc.returncode}:\n"
+def aligner_environment(workdir: str) -> dict:
+    """The aligner's environment: temporary files in the work folder, removed with it, and
+    this copy of the package first on the path (for ``python -m preprocess.fastalign``)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, TMPDIR=workdir, PYTHONPATH=python_path)
+
+
+def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str) -> None:
+    """Forward-align ``corpus_path``, writing Pharaoh ``i-j`` links to ``links_path``.
+
+    The aligner runs in ``workdir`` as a child process that does not outlive this one.
+    """
+    cmd, stdout = aligner.invocation(corpus_path, links_path)
+    log_path = os.path.join(workdir, "aligner.log")
+    with open(stdout, "w") as out, open(log_path, "w") as log:
+        returncode = run_child(cmd, out, log, cwd=workdir, env=aligner_environment(workdir))
+    if returncode != 0:
+        tail = "\n".join(list(read_lines(log_path))[-ERROR_TAIL_LINES:])
+        raise PreprocessError(f"{aligner.name} failed with exit status {returncode}:\n"
                               f"  {shlex.join(cmd)}\n{tail}")
 
 
@@ -135,6 +195,25 @@ def most_frequent(counts: dict) -> dict:
             for src, targets in counts.items()}
 
 
+def work_folder(directory: str) -> tempfile.TemporaryDirectory:
+    """The aligner's scratch folder in ``directory``, named after this host and process."""
+    prefix = f"{WORK_PREFIX}{socket.gethostname()}-{os.getpid()}-"
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
+
+
+def remove_stale_work_folders(directory: str) -> None:
+    """Remove the work folders left in ``directory`` by killed runs on this host."""
+    if not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        match = WORK_NAME.fullmatch(name)
+        if (match and match["host"] == socket.gethostname()
+                and not process_exists(int(match["pid"]))):
+            logger.info("removing %s, left by process %s, which was killed",
+                        name, match["pid"])
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner) -> bool:
     """Write ``out_path`` atomically unless it is current; True if it was built.
 
@@ -145,22 +224,23 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     from these inputs.
     """
     def build(temp_out: str) -> None:
-        workdir = os.path.dirname(os.path.abspath(temp_out))
-        with tempfile.TemporaryDirectory(prefix=".align-work-", dir=workdir) as tmp:
+        with work_folder(os.path.dirname(temp_out)) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
             kept = write_aligner_input(src_path, tgt_path, corpus)
             if kept == 0:
                 raise PreprocessError(f"nothing to align in {src_path} / {tgt_path}: every "
                                       f"pair has an empty side or contains {SEPARATOR!r}")
-            logger.info("aligning %d pairs with %s (%d left out: empty side or %r)",
-                        kept, aligner.executable, count_lines(src_path) - kept, SEPARATOR)
-            run_aligner(aligner, corpus, links)
+            logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r)",
+                        kept, aligner.name, shlex.join(aligner.command),
+                        count_lines(src_path) - kept, SEPARATOR)
+            run_aligner(aligner, corpus, links, tmp)
             dictionary = most_frequent(count_links(aligned_pairs(src_path, tgt_path),
                                                    read_lines(links)))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(dictionary.items())))
 
+    remove_stale_work_folders(os.path.dirname(os.path.abspath(out_path)))
     return run_step("alignment dictionary", [src_path, tgt_path], [out_path], build,
-                    {"aligner": aligner.name})
+                    aligner.options())
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -171,8 +251,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--src", required=True, help="tokenized source training text")
     parser.add_argument("--tgt", required=True, help="tokenized target training text")
     parser.add_argument("-o", "--output", default="align.dict", help="dictionary to write")
-    parser.add_argument("--aligner", choices=["auto", *EXECUTABLES], default="auto",
-                        help="auto: fast_align if found, else eflomal-align")
+    parser.add_argument("--aligner", choices=["auto", *ALIGNERS], default="auto",
+                        help="auto (default): the fast_align binary if found, else "
+                             "fast_align's model from the systran-align library")
     parser.add_argument("--fast-align", metavar="PATH", help="the fast_align binary to run")
     return parser.parse_args(argv)
 
@@ -180,11 +261,14 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
 def main(argv: Optional[list] = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
+    exit_on_sigterm()
     try:
         build_align_dict(args.src, args.tgt, args.output,
                          find_aligner(args.aligner, args.fast_align))
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: the aligner was stopped and its work folder removed")
 
 
 if __name__ == "__main__":
