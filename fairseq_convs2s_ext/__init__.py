@@ -1,15 +1,18 @@
 """ConvS2S (Gehring et al., 2017) for fairseq, loaded with ``--user-dir fairseq_convs2s_ext``.
 
 Importing the package registers the ``convs2s`` model and its architectures, the
-``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq; lets
-fairseq's checkpoints load under torch's safe ``weights_only`` unpickler while refusing
-any whose configuration could run code; and reports a checkpoint that cannot be used in
-one line instead of a traceback (see :mod:`.checkpoints` and :mod:`.excepthook`).
+``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq (and
+their configs with hydra, see :mod:`.hydra_configs`); lets fairseq's checkpoints load under
+torch's safe ``weights_only`` unpickler while refusing any whose configuration could run
+code; and reports a checkpoint that cannot be used in one line instead of a traceback (see
+:mod:`.checkpoints` and :mod:`.excepthook`).
 """
 from .checkpoints import allow_fairseq_checkpoints
 from .excepthook import install_excepthook
+from .hydra_configs import register_base_config
 
 allow_fairseq_checkpoints()
 install_excepthook()
+register_base_config()
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)

@@ -1,7 +1,7 @@
 """``convs2s-recipe NAME``: one of the paper's experiments end to end (section 4).
 
-download -> prepare (tokenize, clean, BPE, binarize) -> train (fairseq-hydra-train with the
-recipe's YAML in recipes/configs, plus any ``key=value`` overrides) -> generate (beam 5,
+download -> prepare (tokenize, clean, BPE, binarize) -> train (fairseq-hydra-train's training with
+the recipe's YAML in recipes/configs/recipe, plus any ``key=value`` overrides) -> generate (beam 5,
 length-normalized scores, every test sentence) -> score -> ``report.md`` in the work folder.
 Every step resumes: prepared files are kept, fairseq resumes training from checkpoint_last.
 
@@ -17,6 +17,8 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Optional
+
+from hydra.errors import HydraException
 
 from preprocess.atomic import atomic_outputs
 from preprocess.bpe import remove_bpe
@@ -39,7 +41,7 @@ BIN = os.path.dirname(sys.executable)
 @dataclass(frozen=True)
 class Recipe:
     experiment: str  # key of corpora.EXPERIMENTS
-    config: str  # recipes/configs/recipe/CONFIG.yaml, applied over recipes/configs/paper.yaml
+    config: str  # recipes/configs/recipe/CONFIG.yaml (built on recipes/configs/paper.yaml)
     bpe_merges: Optional[int] = 40000  # None: word level
     romanian: bool = False  # Sennrich's WMT16 Romanian normalization
     ratio: Optional[float] = 1.5  # source/target length ratio filter (None: off)
@@ -88,16 +90,33 @@ def prepare_data(recipe, data_dir, work, backtranslation=True):
 
 
 def train(recipe, data_bin, work, overrides):
-    """fairseq-hydra-train with the recipe's config; fairseq resumes from checkpoint_last.pt."""
-    command = [
-        os.path.join(BIN, "fairseq-hydra-train"), "--config-dir", CONFIG_DIR, "--config-name", "paper",
-        f"+recipe={recipe.config}",
-        f"task.data={data_bin}", f"checkpoint.save_dir={os.path.join(work, 'checkpoints')}",
-        f"common.user_dir={USER_DIR}", f"hydra.run.dir={os.path.join(work, 'hydra')}", *overrides,
-    ]
-    logger.info("training: %s", " ".join(command))
-    subprocess.run(command, check=True)
-    return os.path.join(work, "checkpoints", "checkpoint_best.pt")
+    """fairseq-hydra-train's training on the recipe's config; fairseq resumes from checkpoint_last.pt.
+
+    The config is composed here and trained in this process by the steps of
+    fairseq-hydra-train's ``_hydra_main``: importing that module would run its ``@hydra.main``,
+    which warns that it passes no version_base. We pass hydra 1.1's, the one fairseq is written
+    for: the version is global to the process, and under a later one fairseq's own use of
+    ``hydra.experimental`` (to read argparse-era checkpoints) fails. The same config trains with
+    ``fairseq-hydra-train --config-dir recipes/configs --config-name recipe/NAME task.data=...``.
+    """
+    from fairseq.dataclass.initialize import add_defaults
+    from fairseq.dataclass.utils import omegaconf_no_object_check
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli.train import main as train_main
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    save_dir = os.path.join(work, "checkpoints")
+    overrides = [f"task.data={data_bin}", f"checkpoint.save_dir={save_dir}", *overrides]
+    logger.info("training: recipe/%s %s", recipe.config, " ".join(overrides))
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.1"):
+        cfg = compose(config_name=f"recipe/{recipe.config}", overrides=overrides)
+    add_defaults(cfg)  # the registered task's, model's, ... dataclass defaults
+    with omegaconf_no_object_check():
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    OmegaConf.set_struct(cfg, True)
+    distributed_utils.call_main(cfg, train_main)
+    return os.path.join(save_dir, "checkpoint_best.pt")
 
 
 def generate(recipe, data_bin, checkpoint, work):
@@ -198,7 +217,7 @@ def main(argv=None):
     try:
         run(args.name, os.path.abspath(args.data), os.path.abspath(work), args.smoke,
             not args.no_backtranslation, args.overrides)
-    except (PreprocessError, DownloadError, score.ScoreError) as e:
+    except (PreprocessError, DownloadError, score.ScoreError, HydraException) as e:
         sys.exit(f"error: {e}")
     except subprocess.CalledProcessError as e:
         sys.exit(f"error: {os.path.basename(e.cmd[0])} failed with exit status {e.returncode} (its output is above)")

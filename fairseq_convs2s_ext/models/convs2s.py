@@ -1,40 +1,63 @@
-"""The ConvS2S model and its architectures (Gehring et al., 2017)."""
+"""The ConvS2S model, its configuration and its architectures (Gehring et al., 2017).
+
+An architecture is a named set of defaults for :class:`ConvS2SConfig`, available as
+``--arch NAME`` on fairseq's command line and as ``model=NAME`` in fairseq-hydra-train. An
+option left unset (None) takes the architecture's value when the model is built, so a hydra
+config that names an architecture (``model: {_name: convs2s_wmt_en_de}``) gets that
+architecture's layers, not the defaults of another.
+"""
+import argparse
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
+from hydra.core.config_store import ConfigStore
+from omegaconf import II
 from torch.nn.utils import parametrize
 
 from ..modules import parse_attention, parse_layers
 from .convs2s_decoder import ConvS2SDecoder
 from .convs2s_encoder import ConvS2SEncoder
 
+ARCH_DEFAULT = "(default: the architecture's)"
 
-@register_model("convs2s")
+
+@dataclass
+class ConvS2SConfig(FairseqDataclass):
+    """The model's options. Layer specifications are lists of (channels, kernel_width),
+    written as in fairseq's ``fconv`` (``"[(512, 3)] * 20"``) but parsed without ``eval``."""
+
+    dropout: Optional[float] = field(default=None, metadata={"help": f"dropout probability {ARCH_DEFAULT}"})
+    encoder_embed_dim: Optional[int] = field(
+        default=None, metadata={"help": f"encoder embedding size f {ARCH_DEFAULT}"})
+    encoder_layers: Optional[str] = field(
+        default=None, metadata={"help": "encoder blocks as [(channels, kernel_width), ...], "
+                                        f'e.g. "[(512, 3)] * 20" {ARCH_DEFAULT}'})
+    decoder_embed_dim: Optional[int] = field(
+        default=None, metadata={"help": f"decoder embedding size f {ARCH_DEFAULT}"})
+    decoder_layers: Optional[str] = field(
+        default=None, metadata={"help": "decoder blocks as [(channels, kernel_width), ...], "
+                                        f'e.g. "[(512, 3)] * 20" {ARCH_DEFAULT}'})
+    decoder_out_embed_dim: Optional[int] = field(
+        default=None, metadata={"help": f"size of the decoder output before the vocabulary projection {ARCH_DEFAULT}"})
+    decoder_attention: Optional[str] = field(
+        default=None, metadata={"help": "which decoder layers attend: True, False or a list of booleans, "
+                                        f"one per layer (table 5) {ARCH_DEFAULT}"})
+    share_input_output_embed: bool = field(
+        default=False, metadata={"help": "tie the decoder's input embeddings and output projection "
+                                         "(needs --decoder-out-embed-dim equal to --decoder-embed-dim)"})
+    max_source_positions: int = II("task.max_source_positions")
+    max_target_positions: int = II("task.max_target_positions")
+
+
+@register_model("convs2s", dataclass=ConvS2SConfig)
 class ConvS2SModel(FairseqEncoderDecoderModel):
-    """Convolutional Sequence to Sequence Learning (Gehring et al., 2017, arXiv 1705.03122).
-
-    Layer specifications are lists of (channels, kernel_width), written as in fairseq's
-    ``fconv`` (``"[(512, 3)] * 20"``) but parsed without ``eval``.
-    """
-
-    @staticmethod
-    def add_args(parser):
-        parser.add_argument("--dropout", type=float, metavar="D", help="dropout probability")
-        parser.add_argument("--encoder-embed-dim", type=int, metavar="N", help="encoder embedding size f")
-        parser.add_argument("--encoder-layers", type=str, metavar="EXPR",
-                            help='encoder blocks as [(channels, kernel_width), ...], e.g. "[(512, 3)] * 20"')
-        parser.add_argument("--decoder-embed-dim", type=int, metavar="N", help="decoder embedding size f")
-        parser.add_argument("--decoder-layers", type=str, metavar="EXPR",
-                            help='decoder blocks as [(channels, kernel_width), ...], e.g. "[(512, 3)] * 20"')
-        parser.add_argument("--decoder-out-embed-dim", type=int, metavar="N",
-                            help="size of the decoder output before the vocabulary projection")
-        parser.add_argument("--decoder-attention", type=str, metavar="EXPR",
-                            help="which decoder layers attend: True, False or a list of booleans, one per layer")
-        parser.add_argument("--share-input-output-embed", action="store_true",
-                            help="tie the decoder's input embeddings and output projection "
-                                 "(needs --decoder-out-embed-dim equal to --decoder-embed-dim)")
+    """Convolutional Sequence to Sequence Learning (Gehring et al., 2017, arXiv 1705.03122)."""
 
     @classmethod
     def build_model(cls, args, task):
-        base_architecture(args)
+        base_architecture(args)  # options still unset, e.g. with --arch convs2s
         encoder_layers = parse_layers(args.encoder_layers)
         decoder_layers = parse_layers(args.decoder_layers)
         attention = parse_attention(args.decoder_attention, len(decoder_layers))
@@ -67,7 +90,24 @@ def _set_defaults(args, **defaults):
             setattr(args, name, value)
 
 
-@register_model_architecture("convs2s", "convs2s")
+def architecture(name):
+    """Register an architecture function as ``--arch NAME`` and as hydra's ``model=NAME``.
+
+    The hydra config is a :class:`ConvS2SConfig` holding every value of the architecture, so
+    fairseq-hydra-train takes ``model.encoder_layers=...`` without hydra's ``+``.
+    """
+    def register(fn):
+        if name != "convs2s":  # register_model registered the model's own name
+            register_model_architecture("convs2s", name)(fn)
+        values = argparse.Namespace()
+        fn(values)
+        ConfigStore.instance().store(name=name, group="model", node=ConvS2SConfig(_name=name, **vars(values)),
+                                     provider="fairseq_convs2s_ext")
+        return fn
+    return register
+
+
+@architecture("convs2s")
 def base_architecture(args):
     """The paper's WMT'16 English-Romanian model, the default for every unset option."""
     _set_defaults(
@@ -80,19 +120,17 @@ def base_architecture(args):
         decoder_out_embed_dim=512,
         decoder_attention="True",
         share_input_output_embed=False,
-        max_source_positions=1024,
-        max_target_positions=1024,
     )
 
 
-@register_model_architecture("convs2s", "convs2s_wmt_en_ro")
+@architecture("convs2s_wmt_en_ro")
 def convs2s_wmt_en_ro(args):
     """WMT'16 En-Ro (section 4.1): 20 encoder and 20 decoder layers of 512 units, kernel width 3.
     Same as fconv_wmt_en_ro."""
     base_architecture(args)
 
 
-@register_model_architecture("convs2s", "convs2s_wmt_en_de")
+@architecture("convs2s_wmt_en_de")
 def convs2s_wmt_en_de(args):
     """WMT'14 En-De (section 4.1): 15 layers each, 512 units in the first 10, 768 in the next 3
     and 2048 in the last 2, kernel width 3 except 1 in the last 2.
@@ -106,7 +144,7 @@ def convs2s_wmt_en_de(args):
     base_architecture(args)
 
 
-@register_model_architecture("convs2s", "convs2s_wmt_en_fr")
+@architecture("convs2s_wmt_en_fr")
 def convs2s_wmt_en_fr(args):
     """WMT'14 En-Fr (section 4.1): 15 layers each: 512 x 6, 768 x 4, 1024 x 3, 2048 x 1 and
     4096 x 1, kernel width 3 except 1 in the last 2.
@@ -120,7 +158,7 @@ def convs2s_wmt_en_fr(args):
     base_architecture(args)
 
 
-@register_model_architecture("convs2s", "convs2s_gigaword")
+@architecture("convs2s_gigaword")
 def convs2s_gigaword(args):
     """Abstractive summarization on Gigaword (section 4.1): 6 encoder and 6 decoder layers of
     256 units, kernel width 3, 256-dimensional embeddings."""
@@ -132,7 +170,7 @@ def convs2s_gigaword(args):
     base_architecture(args)
 
 
-@register_model_architecture("convs2s", "convs2s_iwslt_de_en")
+@architecture("convs2s_iwslt_de_en")
 def convs2s_iwslt_de_en(args):
     """A small model that trains on a CPU: 4 encoder and 3 decoder layers of 256 units, as
     fconv_iwslt_de_en."""
@@ -143,7 +181,7 @@ def convs2s_iwslt_de_en(args):
     base_architecture(args)
 
 
-@register_model_architecture("convs2s", "convs2s_tiny")
+@architecture("convs2s_tiny")
 def convs2s_tiny(args):
     """A tiny model for tests and smoke runs."""
     _set_defaults(
