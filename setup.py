@@ -35,12 +35,12 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "convs2s-user-dir = fairseq_convs2s_ext.user_dir:main",
+            "convs2s-user-dir = fairseq_convs2s_ext.cli.user_dir:main",
             "convs2s-prepare = preprocess.pipeline:main",
             "convs2s-align-dict = preprocess.align:main",
             "convs2s-postprocess = preprocess.postprocess:main",
             "convs2s-recipe = recipes.run:main",
-            "convs2s-import-fconv = fairseq_convs2s_ext.import_fconv:main",
+            "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
         ]
     },
 )

@@ -172,7 +172,7 @@ def memory(args, data_bin, phase, checkpoint, precision, beam=5):
 def run_memory(args, data_bin, task, fconv, fconv_args, results):
     from fairseq.checkpoint_utils import torch_persistent_save
 
-    from fairseq_convs2s_ext.import_fconv import convert_checkpoint
+    from fairseq_convs2s_ext.cli.import_fconv import convert_checkpoint
 
     fresh, fresh_args = new_fconv(task, args.arch, args.dropout)
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +186,8 @@ def run_memory(args, data_bin, task, fconv, fconv_args, results):
             paths[phase, "fconv"] = os.path.join(tmp, f"{phase}-fconv.pt")
             paths[phase, "ours"] = os.path.join(tmp, f"{phase}-ours.pt")
             torch_persistent_save(state, paths[phase, "fconv"])
-            torch_persistent_save(convert_checkpoint(state), paths[phase, "ours"])
+            converted = convert_checkpoint(state, task.source_dictionary, task.target_dictionary)
+            torch_persistent_save(converted, paths[phase, "ours"])
         for phase in ("train", "generate"):
             log(f"peak memory: {phase}")
             names = [("fconv", "fconv", "fp32"), ("ours", "ours", "fp32")]

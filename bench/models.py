@@ -8,7 +8,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 import fairseq_convs2s_ext  # noqa: F401  (registers convs2s)
-from fairseq_convs2s_ext.import_fconv import convert_checkpoint
+from fairseq_convs2s_ext.cli.import_fconv import convert_checkpoint
 
 
 def translation_task(data_bin, src="en", tgt="de"):
@@ -49,7 +49,8 @@ def convs2s_criterion(task, label_smoothing=0.1):
 
 def convs2s_like(fconv, args, task):
     """convs2s with fconv's weights, through convs2s-import-fconv's conversion."""
-    state = convert_checkpoint({"args": args, "model": fconv.state_dict()}, "in-memory fconv")
+    state = convert_checkpoint({"args": args, "model": fconv.state_dict()}, task.source_dictionary,
+                               task.target_dictionary, "in-memory fconv")
     options = state["args"]
     model = ARCH_MODEL_REGISTRY["convs2s"].build_model(argparse.Namespace(**vars(options)), task)
     model.load_state_dict(state["model"])

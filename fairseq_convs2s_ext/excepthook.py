@@ -4,7 +4,9 @@ fairseq's commands (fairseq-generate, fairseq-interactive, fairseq-train) let wh
 load raises end the program with a traceback: a checkpoint that is truncated (a disk that
 filled up while fairseq copied ``checkpoint_best.pt``), random bytes, refused by torch's
 safe unpickler or by the plugin; a ``--replace-unk`` dictionary with a malformed line
-(fairseq's ``utils.load_align_dict`` raises a bare IndexError). None of their hooks runs
+(fairseq's ``utils.load_align_dict`` raises a bare IndexError); ``--replace-unk`` without
+``--dataset-impl raw`` (fairseq's bare AssertionError), or with fairseq's own task, whose
+replacement is broken for every model (an IndexError in ``utils.replace_unk``). None of their hooks runs
 around those loads, so the plugin reports them where Python reports an uncaught exception:
 :func:`install_excepthook` puts a ``sys.excepthook`` in front of the one in place, which
 prints ``PROGRAM: error: PATH: why`` for these errors and hands every other one on
@@ -18,9 +20,16 @@ import zipfile
 from typing import Optional
 
 from .checkpoints.errors import CheckpointError
+from .data.source_text import SourceTextError
 from .generation.unknown_words import AlignDictError, read_align_dict
 
 _TORCH_LOAD = os.path.join("torch", "serialization.py")
+_FAIRSEQ_UTILS = os.path.join("fairseq", "utils.py")
+# Errors of the plugin whose message says what is wrong and what to do.
+_OURS = (CheckpointError, AlignDictError, SourceTextError)
+_REPLACE_UNK = ("--replace-unk needs --task convs2s_translation (fairseq's own replacement is broken "
+                "for every model) and the words of the test sentences: add --dataset-impl raw, which "
+                "reads SPLIT.SRC-TGT.LANG beside the binaries (convs2s-prepare keeps them)")
 
 
 def _frame_local(tb, function: str, filename_end: str, name: str):
@@ -45,7 +54,7 @@ def _align_dict_error(exc: BaseException, tb) -> Optional[str]:
     """What is wrong with the --replace-unk file that failed to load."""
     if isinstance(exc, AlignDictError):
         return str(exc)
-    path = _frame_local(tb, "load_align_dict", os.path.join("fairseq", "utils.py"), "replace_unk")
+    path = _frame_local(tb, "load_align_dict", _FAIRSEQ_UTILS, "replace_unk")
     if not isinstance(path, str):
         return None
     try:
@@ -55,12 +64,12 @@ def _align_dict_error(exc: BaseException, tb) -> Optional[str]:
     return None
 
 
-def _plugin_error(exc: BaseException) -> Optional[CheckpointError]:
-    """A CheckpointError that is ``exc`` or that ``exc`` was raised from or while handling
+def _plugin_error(exc: BaseException) -> Optional[Exception]:
+    """An error of the plugin that is ``exc`` or that ``exc`` was raised from or while handling
     (fairseq-train re-raises load_state_dict's errors as a bare Exception)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, CheckpointError):
+        if isinstance(exc, _OURS):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
@@ -72,6 +81,10 @@ def describe(exc: BaseException, tb) -> Optional[str]:
     align_dict_error = _align_dict_error(exc, tb)
     if align_dict_error:
         return align_dict_error
+    stock_replacement = (isinstance(exc, AssertionError) and "--replace-unk requires" in str(exc)) or (
+        isinstance(exc, IndexError) and _frame_local(tb, "replace_unk", _FAIRSEQ_UTILS, "hypo_str") is not None)
+    if stock_replacement:
+        return _REPLACE_UNK
     ours = _plugin_error(exc)
     if ours is not None:
         path = checkpoint_being_read(ours.__traceback__)

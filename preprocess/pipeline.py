@@ -14,7 +14,9 @@ Layout of the output directory::
     tok/train.clean.LANG           cleaned training text (input of convs2s-align-dict)
     bpe/codes, bpe/SPLIT.LANG      BPE codes and segmented text (not with --no-bpe)
     bin/                           fairseq-preprocess output: dict.LANG.txt, *.bin, *.idx,
-                                   and SPLIT.SRC-TGT.LANG.txt, the text that was binarized
+                                   and, for valid and test, SPLIT.SRC-TGT.LANG: the text that
+                                   was binarized, which fairseq reads as the split's raw text
+                                   (--dataset-impl raw, needed by --replace-unk)
                                    (read by convs2s_translation for --replace-unk)
     prepare.json                   the options of the last complete run (a summary only)
     .NAME.built-from.json          beside each step's first output: what it was built from
@@ -129,11 +131,15 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
                  validpref=text.get("valid"), testpref=text.get("test"),
                  srcdict=srcdict, joined_dictionary=joined_dictionary,
                  nwords=nwords, workers=workers)
-        # The binarized text beside the binaries, for convs2s_translation's --replace-unk.
+        # The evaluation splits' text beside the binaries, named as fairseq's raw-text
+        # datasets: --dataset-impl raw reads it (with the same ids as the binaries) and keeps
+        # the words, which --replace-unk needs. Not the training text: fairseq would then
+        # load the training split as raw text, which is slow for large corpora.
         for split, prefix in text.items():
             for lang in langs:
-                shutil.copyfile(f"{prefix}.{lang}",
-                                os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}.txt"))
+                if split != "train":
+                    shutil.copyfile(f"{prefix}.{lang}",
+                                    os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}"))
 
     run_step("binarize", [path for prefix in text.values() for path in files(prefix)]
              + ([srcdict] if srcdict else []), [bindir], binarize_with_text,

@@ -76,7 +76,7 @@ def prepare_data(workdir: Path, corpus: Path, vocab: int, lines: Optional[Dict[s
              "--destdir", data, "--nwordssrc", vocab, "--nwordstgt", vocab, "--workers", 2])
     for split in SPLITS:
         for lang in (SRC, TGT):
-            text = data / f"{split}.{SRC}-{TGT}.{lang}.txt"
+            text = data / f"{split}.{SRC}-{TGT}.{lang}"
             if not text.exists():
                 text.write_bytes((tok / f"{split}.{lang}").read_bytes())
     return data

@@ -34,8 +34,8 @@ def data_dir():
 @pytest.fixture(scope="session")
 def small_bin(tmp_path_factory, data_dir):
     """300 training and 10 test pairs of Multi30k en-de, whitespace-split, binarized by
-    fairseq-preprocess with a joint dictionary, the test text beside the binaries (for
-    convs2s_translation's --replace-unk)."""
+    fairseq-preprocess with a joint dictionary, the test text beside the binaries as fairseq's
+    raw text (for --dataset-impl raw --replace-unk)."""
     from cli_helpers import run, write_lines
 
     work = tmp_path_factory.mktemp("small-data")
@@ -46,5 +46,5 @@ def small_bin(tmp_path_factory, data_dir):
     run("fairseq-preprocess", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "test",
         "--testpref", work / "test", "--destdir", work / "bin", "--joined-dictionary")
     for lang in ("en", "de"):
-        (work / "bin" / f"test.en-de.{lang}.txt").write_bytes((work / f"test.{lang}").read_bytes())
+        (work / "bin" / f"test.en-de.{lang}").write_bytes((work / f"test.{lang}").read_bytes())
     return work / "bin"

@@ -84,7 +84,7 @@ def test_fairseq_interactive_and_train_restore_refuse_it(data_bin, fconv_checkpo
 def test_python_api_and_import_refuse_it(data_bin, fconv_checkpoint, tmp_path, monkeypatch):
     from fairseq.models.fconv import FConvModel
 
-    from fairseq_convs2s_ext import import_fconv
+    from fairseq_convs2s_ext.cli import import_fconv
 
     monkeypatch.chdir(tmp_path)
     path = poisoned(fconv_checkpoint, tmp_path)

@@ -73,7 +73,7 @@ def test_interactive_reports_an_over_long_line_and_goes_on(small_bin, checkpoint
 def test_a_malformed_replace_unk_file_names_its_line(small_bin, checkpoint, tmp_path, tool):
     bad = tmp_path / "align.dict"
     bad.write_text("Hund dog\nKatze\n", encoding="utf-8")
-    args = ["--gen-subset", "test"] if tool == "fairseq-generate" else ["-s", "en", "-t", "de"]
+    args = ["--gen-subset", "test", "--dataset-impl", "raw"] if tool == "fairseq-generate" else ["-s", "en", "-t", "de"]
     output = run(tool, small_bin, *TASK, "--path", checkpoint, "--replace-unk", bad, *args,
                  input="a dog runs .\n", check=False)
     assert output.returncode != 0

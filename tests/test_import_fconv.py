@@ -15,7 +15,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from fairseq_convs2s_ext import import_fconv
+from fairseq_convs2s_ext.cli import import_fconv
 from fairseq_convs2s_ext.models import ConvS2SModel
 from fairseq_convs2s_ext.modules import parse_layers
 from model_helpers import dictionary, random_tokens

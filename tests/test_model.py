@@ -222,12 +222,18 @@ def test_encoder_gradients_are_scaled_by_the_number_of_attention_layers():
         forward(model, src, tgt)[0].logsumexp(-1).sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    scaled, unscaled = grads(1.0 / 3), grads(1.0)
+    scaled, unscaled, direct = grads(1.0 / 3), grads(1.0), grads(0.0)
     assert model.decoder.num_attention_layers == 3
     for name in scaled:
         if name.startswith("decoder."):
             torch.testing.assert_close(scaled[name], unscaled[name])
-        elif not name.startswith("encoder.embed."):
+        elif name.startswith("encoder.embed."):
+            # Two paths: through z (scaled) and directly into the values z + e (not scaled);
+            # with the scale at 0 only the direct one is left, and it is not zero.
+            assert direct[name].abs().sum() > 0, name
+            through_z = unscaled[name] - direct[name]
+            torch.testing.assert_close(scaled[name], direct[name] + through_z / 3, rtol=1e-4, atol=1e-7)
+        else:
             torch.testing.assert_close(scaled[name] * 3, unscaled[name], rtol=1e-4, atol=1e-7)
     # The model is built with the paper's scale.
     fresh, _ = build(**ODD_SHAPES)

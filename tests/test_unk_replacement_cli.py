@@ -19,7 +19,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.tasks import setup_task
 from fairseq.utils import load_align_dict
 
-from fairseq_convs2s_ext.tasks.source_text import SourceTextError
+from fairseq_convs2s_ext.data import SourceTextError
 from preprocess.align import find_aligner
 from preprocess.errors import PreprocessError
 from recipes import unk_replacement_bleu
@@ -76,11 +76,12 @@ def model(tmp_path_factory, data_dir):
     return data, checkpoint, dictionary
 
 
-def fairseq(model, command, *args, stdin=None) -> str:
+def fairseq(model, command, *args, stdin=None, task=("--task", "convs2s_translation"), check=True):
     data, checkpoint, _ = model
-    cmd = [*command, data, "--user-dir", USER_DIR, "--task", "convs2s_translation",
-           "--path", checkpoint, "--beam", 5, *args]
+    cmd = [*command, data, "--user-dir", USER_DIR, *task, "--path", checkpoint, "--beam", 5, *args]
     proc = subprocess.run([str(c) for c in cmd], input=stdin, capture_output=True, text=True)
+    if not check:
+        return proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -100,7 +101,8 @@ def plain(model):
 
 @pytest.fixture(scope="module")
 def replaced(model):
-    return fairseq(model, [BIN / "fairseq-generate"], "--batch-size", 32, "--replace-unk", model[2])
+    return fairseq(model, [BIN / "fairseq-generate"], "--batch-size", 32, "--dataset-impl", "raw",
+                   "--replace-unk", model[2])
 
 
 def replacements(plain_hypothesis, hypothesis):
@@ -132,12 +134,12 @@ def test_generate_replaces_every_unknown_by_a_dictionary_translation_or_a_source
     assert by_dictionary > 0 and copied > 0
     # the original words are printed, not <unk>
     assert UNK not in "".join(sources.values()) + "".join(references.values())
-    assert sources[0] == Path(model[0], "test.en-de.en.txt").read_text(encoding="utf-8").splitlines()[0]
+    assert sources[0] == Path(model[0], "test.en-de.en").read_text(encoding="utf-8").splitlines()[0]
 
 
 def test_bare_replace_unk_copies_source_words(model, plain):
     copied = fairseq(model, [sys.executable, "-m", "fairseq_cli.generate"],
-                     "--batch-size", 32, "--replace-unk")
+                     "--batch-size", 32, "--dataset-impl", "raw", "--replace-unk")
     before, after, sources = lines(plain, "H"), lines(copied, "H"), lines(copied, "S")
     assert len(after) == TEST_LINES
     for i, hypothesis in after.items():
@@ -170,17 +172,26 @@ def test_interactive_replaces_unknowns_in_raw_input(model, plain, replaced):
     assert word in hypotheses[40].split()
 
 
-def test_missing_text_is_an_error_that_names_the_file(model, tmp_path):
+def test_binarized_data_alone_is_an_error_that_says_what_to_pass(model, tmp_path):
     data = tmp_path / "bin"
-    shutil.copytree(model[0], data, ignore=shutil.ignore_patterns("*.txt"))
-    shutil.copy(Path(model[0], "dict.en.txt"), data)
-    shutil.copy(Path(model[0], "dict.de.txt"), data)
+    shutil.copytree(model[0], data, ignore=shutil.ignore_patterns("*.en-de.en", "*.en-de.de"))
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, [str(data), "--task", "convs2s_translation",
                                                 "--replace-unk", "--path", "unused.pt"])
     task = setup_task(convert_namespace_to_omegaconf(args).task)
-    with pytest.raises(SourceTextError, match=re.escape(str(data / "test.en-de.en.txt"))):
+    with pytest.raises(SourceTextError, match=re.escape("--dataset-impl raw, which reads test.en-de.en")):
         task.load_dataset("test")
+
+
+@pytest.mark.parametrize("task, impl", [(("--task", "convs2s_translation"), ()), ((), ("--dataset-impl", "raw"))])
+def test_stock_replace_unk_paths_say_what_to_use(model, task, impl):
+    """fairseq's own assertion (no --dataset-impl raw) and its own broken replacement (stock
+    task) each end in one line saying what to pass, not a traceback."""
+    proc = fairseq(model, [BIN / "fairseq-generate"], "--batch-size", 32, *impl, "--replace-unk", model[2],
+                   task=task, check=False)
+    assert proc.returncode != 0
+    assert "fairseq-generate: error: --replace-unk needs --task convs2s_translation" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow

@@ -37,7 +37,8 @@ class ConvS2SEncoder(FairseqEncoder):
         self.fc2 = Linear(channels, embed_dim)
 
     def forward(self, src_tokens, src_lengths=None):
-        """src_tokens: B x S. Returns keys z and values (z + e) * sqrt(0.5), both B x S x embed_dim."""
+        """src_tokens: B x S. Returns keys z and values z + e, both B x S x embed_dim (the
+        values scaled by sqrt(0.5) as fconv does; the paper does not, see ``scaling``)."""
         e = self.embed(src_tokens)
         padding_mask = src_tokens.eq(self.padding_idx)
         if not padding_mask.any():

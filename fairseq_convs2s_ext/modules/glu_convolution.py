@@ -5,12 +5,14 @@ W in R^{2d x kd}, and so does this module: the weight is stored in that lineariz
 training applies it to every window at once, and incremental decoding applies it to a
 buffer of the last k inputs. No weight is ever reshaped, so nothing needs re-deriving per
 step (fairseq's ``LinearizedConvolution`` lost its cache of the reshaped weight, issue 3838).
+Generation folds weight normalization into a plain weight first (``make_generation_fast_``,
+which fairseq's commands and hub call); other callers that decode step by step can wrap
+decoding in ``torch.nn.utils.parametrize.cached()``.
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
-from torch.nn.utils import parametrize
 
 from .initialization import Linear
 
@@ -32,8 +34,6 @@ class GLUConvolution(nn.Module):
         self.causal = causal
         self.padding = (kernel_width - 1, 0) if causal else ((kernel_width - 1) // 2, kernel_width // 2)
         self.linear = Linear(kernel_width * in_channels, 2 * out_channels, dropout=dropout, glu=True)
-        self._cached_weight = None
-        self._cached_weight_key = None
 
     def forward(self, x, incremental_state=None):
         if incremental_state is not None:
@@ -55,17 +55,7 @@ class GLUConvolution(nn.Module):
             window = torch.cat([window[:, 1:], x], dim=1)
             self.set_incremental_state(incremental_state, "window", window)
             x = window.view(x.size(0), 1, k * self.in_channels)
-        return F.glu(F.linear(x, self._inference_weight(), self.linear.bias), dim=-1)
-
-    def _inference_weight(self):
-        """The weight, recomputed from weight normalization's g and v only when they change."""
-        if not parametrize.is_parametrized(self.linear) or torch.is_grad_enabled():
-            return self.linear.weight
-        originals = self.linear.parametrizations.weight
-        key = tuple((p._version, p.data_ptr(), p.dtype) for p in (originals.original0, originals.original1))
-        if key != self._cached_weight_key:
-            self._cached_weight, self._cached_weight_key = self.linear.weight, key
-        return self._cached_weight
+        return F.glu(self.linear(x), dim=-1)
 
     def reorder_incremental_state(self, incremental_state, new_order):
         window = self.get_incremental_state(incremental_state, "window")

@@ -13,8 +13,9 @@ class MultiStepAttention(nn.Module):
     embedding g_i of the previous target element); a_ij = softmax_j(d_i . z_j) over the
     real (non-padding) source positions, with z the last encoder block's output;
     c_i = sum_j a_ij (z_j + e_j), scaled by m * sqrt(1/m) for a source of m real words
-    (section 3.4); c_i is projected back to the layer's width and added to h_i. Both sums
-    are variance-preserving (``scaled_sum``).
+    (section 3.4); c_i is projected back to the layer's width and added to h_i. The sum
+    forming d and the one adding c back to h are scaled by sqrt(0.5) as fconv does, not as
+    the paper does (see ``scaling``).
     """
 
     def __init__(self, channels, embed_dim):

@@ -2,7 +2,7 @@
 replacement in fairseq-generate and fairseq-interactive.
 
     fairseq-generate DATA --user-dir fairseq_convs2s_ext --task convs2s_translation \\
-        --path CKPT --replace-unk align.dict      # dictionary translation, else copy
+        --dataset-impl raw --path CKPT --replace-unk align.dict  # dictionary, else copy
     fairseq-generate ... --replace-unk             # copy the attended source word
     fairseq-interactive DATA ... --replace-unk align.dict < raw-sentences
 
@@ -13,9 +13,9 @@ either). What this task adds, each through a task hook:
   :class:`~fairseq_convs2s_ext.generation.unknown_words.UnknownWordReplacer`, which does the replacement
   (see that module for the rules). fairseq's own replacement is broken for every model
   (its generator returns no alignment), and the wrapper leaves it nothing to do.
-- ``load_dataset``: with ``--replace-unk``, the split's text from beside the binary files
-  (see :mod:`.source_text`); fairseq-generate then prints the original source and reference
-  (S-, T-) and scores against the original reference words.
+- ``load_dataset``: with ``--replace-unk``, the split's words from fairseq's raw-text dataset
+  (``--dataset-impl raw``, which fairseq-generate requires with ``--replace-unk``; see
+  :mod:`fairseq_convs2s_ext.data.source_text`) reach the replacement with every batch.
 - ``get_interactive_tokens_and_lengths``, ``build_dataset_for_inference``,
   ``inference_step``: fairseq-interactive's input lines (after ``--tokenizer``/``--bpe``)
   reach the replacement, instead of the ids it rebuilds its source string from (where every
@@ -42,8 +42,10 @@ either). What this task adds, each through a task hook:
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
   is CUDA only. The backward pass runs outside autocast, as torch recommends.
 
-fairseq-generate's assertion that ``--replace-unk`` needs ``--dataset-impl raw`` runs before
-any task hook; :mod:`.generate_cli` lifts it for this task.
+Reaching into fairseq: ``add_args`` changes the constant of fairseq's ``--replace-unk``
+option (``parser._actions``: argparse has no public way to change an added option), because
+fairseq-generate reads that value as a file before any task hook runs; a test fails if
+fairseq's option changes.
 """
 import sys
 from collections import deque
@@ -59,7 +61,7 @@ from omegaconf import II
 
 from ..checkpoints import check_config
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
-from .source_text import SourceTextDataset, read_text, text_path
+from ..data import SourceTextDataset, SourceTextError, raw_lines
 
 
 @dataclass
@@ -113,14 +115,14 @@ class ConvS2STranslationTask(TranslationTask):
             self.datasets[split] = self._with_text(split, self.datasets[split])
 
     def _with_text(self, split, pairs):
-        data_path = utils.split_paths(self.cfg.data)[0]  # as fairseq's evaluation splits
-        src, tgt = self.cfg.source_lang, self.cfg.target_lang
-        truncated = self.cfg.max_source_positions if self.cfg.truncate_source else None
-        src_lines = read_text(text_path(data_path, split, src, tgt, src), pairs.src_sizes, truncated)
-        tgt_lines = None
-        if pairs.tgt is not None:
-            tgt_lines = read_text(text_path(data_path, split, src, tgt, tgt), pairs.tgt_sizes)
-        return SourceTextDataset(pairs, src_lines, tgt_lines)
+        src_lines = raw_lines(pairs.src)
+        if src_lines is None:
+            raise SourceTextError(
+                f"unknown-word replacement needs the words of split {split!r}, which binarized data "
+                f"does not keep: pass --dataset-impl raw, which reads {split}.{self.cfg.source_lang}-"
+                f"{self.cfg.target_lang}.{self.cfg.source_lang} (and the target side) in "
+                f"{utils.split_paths(self.cfg.data)[0]}; convs2s-prepare keeps them there")
+        return SourceTextDataset(pairs, src_lines, raw_lines(pairs.tgt))
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
@@ -171,8 +173,8 @@ class ConvS2STranslationTask(TranslationTask):
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
         for model in models:  # fairseq-generate turned attention off unless printing alignments
-            if hasattr(model.decoder, "need_attn"):
-                model.decoder.need_attn = True
+            if hasattr(model.decoder, "make_generation_fast_"):
+                model.decoder.make_generation_fast_(need_attn=True)
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
                                    read_align_dict(replace_unk))
 

@@ -37,10 +37,9 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 
 import torch
-from preprocess.atomic import atomic_outputs
 
-from .checkpoints import CheckpointRefused, allow_fairseq_checkpoints, check_config, fingerprint
-from .modules import parse_attention, parse_layers
+from ..checkpoints import CheckpointRefused, allow_fairseq_checkpoints, check_config, fingerprint
+from ..modules import parse_attention, parse_layers
 
 # What fairseq's Dictionary uses; position tables are sized around it.
 PADDING_IDX = 1
@@ -122,7 +121,8 @@ def _fold(v, g):
         return v * (g.reshape(()) / v.norm())
     if len(dims) != 1:
         raise ValueError(f"weight norm g of shape {tuple(g.shape)} does not fit v of shape {tuple(v.shape)}")
-    return torch._weight_norm(v, g, dims[0])
+    others = [i for i in range(v.dim()) if i != dims[0]]
+    return v * (g / v.norm(dim=others, keepdim=True))
 
 
 def _weight_norm_layer(sd, prefix, convolution):
@@ -191,7 +191,7 @@ def convs2s_options(args, sd):
 
 def _check_against_convs2s(options, converted, source_dictionary, target_dictionary):
     """Build convs2s with these options on the meta device and compare names and shapes."""
-    from .models import ConvS2SModel
+    from ..models import ConvS2SModel
 
     task = SimpleNamespace(source_dictionary=source_dictionary, target_dictionary=target_dictionary)
     with torch.device("meta"):
@@ -280,8 +280,9 @@ def import_fconv(in_path, out_path, source_dict=None, target_dict=None):
     dictionaries = [load_dictionary(state, in_path, side, given)
                     for side, given in (("source", source_dict), ("target", target_dict))]
     state = convert_checkpoint(state, *dictionaries, path=in_path)
-    with atomic_outputs([out_path]) as (temp,):  # OUT.pt appears complete or not at all
-        torch.save(state, temp)
+    from fairseq.checkpoint_utils import torch_persistent_save
+
+    torch_persistent_save(state, out_path)  # OUT.pt.tmp renamed: complete or not at all
     return state
 
 

@@ -7,7 +7,7 @@ import os
 
 
 def main():
-    print(os.path.dirname(os.path.abspath(__file__)))
+    print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package, above cli/
 
 
 if __name__ == "__main__":
