@@ -32,8 +32,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data import prepare, test_text
 from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns
-from bench.machine import matmul_gflops
-from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task
+from bench.machine import cpu_description, matmul_gflops, native_bf16
+from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
+                          translation_task)
 from bench.reference import reference_checkpoint
 from bench.training import TrainingRun, train_side_by_side, training_batches
 
@@ -43,12 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few updates and sentences: a smoke test in minutes")
+    p.add_argument("--untrained", action="store_true",
+                   help="generate with freshly initialized identical weights instead of the trained reference, "
+                        "every output capped at 1.2 x source + 10 tokens (speed only: no BLEU worth reading)")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=2, help="torch threads (CPU)")
     p.add_argument("--low-precision", default=None, choices=["bf16", "fp16", "none"],
-                   help="autocast dtype of the extra 'ours' run (default bf16; fp16 needs cuda)")
+                   help="autocast dtype of the extra 'ours' run (default bf16 on a GPU or a CPU with "
+                        "native bf16, else none; fp16 needs cuda)")
     p.add_argument("--fconv-gradient-scale", action="store_true",
                    help="give ours fconv's encoder gradient scale 1/(2N) instead of the paper's 1/N: "
                         "then both compute the same gradients and the loss curves coincide")
@@ -59,13 +64,13 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="passes over the test set per model; the best counts")
     p.add_argument("--checkpoint", help="trained fconv checkpoint for generation (default: the cached reference)")
-    p.add_argument("--reference-epochs", type=int, default=10, help="epochs of the reference fconv (trained once, cached)")
+    p.add_argument("--reference-epochs", type=int, default=5, help="epochs of the reference fconv (trained once, cached)")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: train,generate,memory")
     p.add_argument("--profile", action="store_true", help="print torch.profiler tables of one batch each")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
-    if args.low_precision is None:
-        args.low_precision = "bf16"
+    if args.low_precision is None:  # bf16 only where the CPU computes it natively
+        args.low_precision = "bf16" if native_bf16(args.device) else "none"
     if args.low_precision == "fp16" and args.device == "cpu":
         p.error("--low-precision fp16 needs --device cuda (CPU autocast: bf16)")
     if args.quick:
@@ -131,18 +136,23 @@ def run_generation(args, task, fconv, fconv_args, results):
     limit = 1 if args.quick else None
     batches = generation_batches(task, args.batch_size, limit=limit)
     n = sum(len(b["id"]) for b in batches)
+    lean_task = convs2s_task(task.cfg.data)
     for beam in [int(b) for b in args.beams.split(",")]:
-        options = generation_options(beam, *((1.2, 10) if args.quick else ()))
+        options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
+        # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
         runs = [GenerationRun("fconv", fconv_copy(fconv, fconv_args, task), task, options, "fp32", args.device),
-                GenerationRun("ours", convs2s_like(fconv, fconv_args, task), task, options, "fp32", args.device)]
+                GenerationRun("ours, stock search", convs2s_like(fconv, fconv_args, task), task, options, "fp32",
+                              args.device),
+                GenerationRun("ours", convs2s_like(fconv, fconv_args, task), lean_task, options, "fp32",
+                              args.device)]
         if args.low_precision != "none":
-            runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
+            runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), lean_task,
                                       options, args.low_precision, args.device))
         log(f"generating {n} sentences at beam {beam}, {args.repeats} passes per model")
         best = translate_in_turns(runs, batches, args.repeats)
         reference = runs[0].hypotheses
         for run in runs:
-            r = results[run.name]
+            r = results.setdefault(run.name, {})
             r[f"beam {beam} sentences/s"] = n / best[run.name]
             r[f"beam {beam} tokens/s"] = run.generated_tokens() / best[run.name]
             r[f"beam {beam} identical"] = sum(torch.equal(reference[i], run.hypotheses[i]) for i in reference)
@@ -268,9 +278,9 @@ def main(argv=None):
     skip = set(filter(None, args.skip.split(",")))
     data_bin = prepare()
     task = translation_task(data_bin)
-    machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)",
+    machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_description(),
                "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),
-               "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device)}
+               "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device) if native_bf16(args.device) else 0.0}
     low = f"ours {args.low_precision}"
     results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {})}
 
@@ -286,7 +296,7 @@ def main(argv=None):
         if not {"generate", "memory"} <= skip or args.profile:
             if args.checkpoint:
                 fconv, fconv_args = load_fconv(args.checkpoint, task)
-            elif args.quick:
+            elif args.quick or args.untrained:
                 fconv, fconv_args = new_fconv(task, args.arch, args.dropout)
             else:
                 fconv, fconv_args = load_fconv(reference_checkpoint(data_bin, args.arch, args.reference_epochs), task)

@@ -1,7 +1,24 @@
 """The machine's measured matrix-multiply throughput, to read results as a fraction of peak."""
+import os
 import time
 
 import torch
+
+
+def native_bf16(device="cpu"):
+    """Whether bf16 matrix multiplies run natively (on a CPU without it, oneDNN emulates them
+    hundreds of times slower than fp32)."""
+    return device == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def cpu_description():
+    """The CPU's model name, core count and torch's CPU capability (AVX2, AVX512, ...)."""
+    model = "unknown CPU"
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    bf16 = "native bf16" if native_bf16() else "no native bf16"
+    return f"{model}, {os.cpu_count()} cores, torch {torch.backends.cpu.get_cpu_capability()}, {bf16}"
 
 
 def matmul_gflops(dtype=torch.float32, device="cpu", n=2048, seconds=1.0):

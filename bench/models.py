@@ -17,6 +17,15 @@ def translation_task(data_bin, src="en", tgt="de"):
     return TranslationTask.setup_task(cfg)
 
 
+def convs2s_task(data_bin, src="en", tgt="de"):
+    """The plugin's convs2s_translation: its generator has the lean beam step."""
+    from fairseq import tasks
+    from omegaconf import OmegaConf
+
+    return tasks.setup_task(OmegaConf.create({"_name": "convs2s_translation", "data": str(data_bin),
+                                              "source_lang": src, "target_lang": tgt}))
+
+
 def new_fconv(task, arch, dropout, seed=1):
     """A freshly initialized fconv of `arch` (fairseq's registry), as fairseq-train builds it."""
     torch.manual_seed(seed)

@@ -2,8 +2,8 @@
 
 Generation speed depends on what the model outputs (an untrained model babbles up to the
 length limit, and bf16's effect on BLEU only shows on a model that translates), so the
-generation benchmark translates with a model trained for 10 epochs by fairseq's own
-``fairseq-train`` (sacreBLEU 32.0 on test_2016_flickr; about 35 minutes on 2 cores): the
+generation benchmark translates with a model trained for 5 epochs by fairseq's own
+``fairseq-train`` (about 18 minutes on 2 cores; its BLEU is in bench/README.md): the
 paper's optimizer (NAG, lr 0.25, momentum 0.99, gradient norm clipped at 0.1), label
 smoothing 0.1 and dropout 0.2. It is trained once and reused; a half-finished run is
 resumed from its last checkpoint. It is keyed by the bytes of the binarized data, so data
@@ -27,7 +27,7 @@ def data_fingerprint(data_bin):
     return digest.hexdigest()[:12]
 
 
-def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=10, max_tokens=4000, threads=2):
+def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=5, max_tokens=4000, threads=2):
     """Path of checkpoint_last.pt of `arch` trained `epochs` epochs on `data_bin`."""
     save_dir = cache_root() / f"reference-{RECIPE}-{data_fingerprint(data_bin)}-{arch}-{epochs}ep"
     checkpoint = save_dir / "checkpoint_last.pt"
