@@ -30,13 +30,17 @@ either). What this task adds, each through a task hook:
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
   runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
-  is CUDA only. The backward pass runs outside autocast, as torch recommends.
+  is CUDA only. The backward pass runs outside autocast, as torch recommends. On a CPU
+  without native bf16 (torch's oneDNN reports no bf16 support, e.g. AVX2 only), bf16 matrix
+  multiplies are emulated and run hundreds of times slower than fp32, so a model on such a
+  CPU is refused (:class:`Bf16UnsupportedError`) instead of crawling in silence.
 
 fairseq-generate's assertion that ``--replace-unk`` needs ``--dataset-impl raw`` runs before
 any task hook; :mod:`.generate_cli` lifts it for this task.
 """
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -49,6 +53,28 @@ from ..unknown_words import UnknownWordReplacer
 from .source_text import SourceTextDataset, read_text, text_path
 
 
+class Bf16UnsupportedError(RuntimeError):
+    """``--autocast-bf16`` asked for on a CPU whose matrix multiplies have no bf16 path."""
+
+
+@lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether torch's oneDNN runs bf16 matrix multiplies natively on this CPU (AVX512-BF16,
+    AMX); elsewhere they are emulated, hundreds of times slower than fp32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def check_bf16_runs_fast(device_type: str) -> None:
+    """Refuse bf16 autocast for a model on a CPU without native bf16 (GPUs are left alone)."""
+    if device_type == "cpu" and not cpu_has_native_bf16():
+        raise Bf16UnsupportedError(
+            f"--autocast-bf16: this CPU has no native bf16 (torch CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 unsupported), where bf16 "
+            f"matrix multiplies run hundreds of times slower than fp32; run without "
+            f"--autocast-bf16 (fp32), or on a GPU or a CPU with AVX512-BF16 or AMX"
+        )
+
+
 @dataclass
 class ConvS2STranslationConfig(TranslationConfig):
     # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
@@ -57,7 +83,8 @@ class ConvS2STranslationConfig(TranslationConfig):
     autocast_bf16: bool = field(
         default=False,
         metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
-                          "matrix multiplies, fp32 weights, optimizer state and loss"},
+                          "matrix multiplies, fp32 weights, optimizer state and loss; refused on "
+                          "a CPU without native bf16 (AVX512-BF16 or AMX)"},
     )
 
 
@@ -156,6 +183,8 @@ class ConvS2STranslationTask(TranslationTask):
 
     def _autocast(self, model):
         device = next(model.parameters()).device.type
+        if self.cfg.autocast_bf16:
+            check_bf16_runs_fast(device)
         return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
