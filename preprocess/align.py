@@ -10,6 +10,12 @@ exactly as they appear in the tokenized input (no lowercasing), so feed the same
 tokenized text the model is trained on. Output: ``align.dict``, one ``source target``
 line per source word, sorted, the format fairseq's ``--replace-unk`` reads.
 
+With ``--candidates FILE`` it also writes, from the same counts, the candidate lists of
+vocabulary selection (fairseq-lua's ``-aligndictpath``; read by ``--vocab-selection``): one
+line per source word, sorted, ``source target1 count1 target2 count2 ...`` with its aligned
+target words ranked by count (ties: the smaller word first), at most
+``CANDIDATES_PER_WORD`` of them, as fairseq-lua kept.
+
 The aligner is an external program run as a separate process: the ``fast_align`` binary
 (on PATH or ``--fast-align PATH``) or else ``eflomal-align`` (``pip install eflomal``,
 GPL-3, never imported). Both read ``source ||| target`` lines and reject a pair with an
@@ -45,6 +51,8 @@ INSTALL_HINT = (
 )
 # Lines of the aligner's error output quoted when it fails.
 ERROR_TAIL_LINES = 20
+# Target words kept per source word in the candidates file (fairseq-lua's limit).
+CANDIDATES_PER_WORD = 1000
 
 
 class Aligner(NamedTuple):
@@ -135,9 +143,24 @@ def most_frequent(counts: dict) -> dict:
             for src, targets in counts.items()}
 
 
-def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner) -> bool:
-    """Write ``out_path`` (atomically; skipped if it exists); True if it was built."""
-    def build(temp_out: str) -> None:
+def ranked_candidates(counts: dict, limit: int = CANDIDATES_PER_WORD) -> dict:
+    """Each source word's aligned targets with their counts, most frequent first (ties:
+    the smaller target first), at most ``limit``."""
+    return {src: sorted(targets.items(), key=lambda item: (-item[1], item[0]))[:limit]
+            for src, targets in counts.items()}
+
+
+def candidate_lines(counts: dict) -> Iterator[str]:
+    """The lines of the candidates file: ``source target1 count1 target2 count2 ...``."""
+    for src, targets in sorted(ranked_candidates(counts).items()):
+        yield " ".join([src, *(f"{tgt} {n}" for tgt, n in targets)])
+
+
+def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
+                     candidates_path: Optional[str] = None) -> bool:
+    """Write ``out_path``, and ``candidates_path`` if given (atomically; skipped if they
+    exist); True if they were built."""
+    def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
         workdir = os.path.dirname(os.path.abspath(temp_out))
         with tempfile.TemporaryDirectory(prefix=".align-work-", dir=workdir) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
@@ -148,11 +171,13 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             logger.info("aligning %d pairs with %s (%d left out: empty side or %r)",
                         kept, aligner.executable, count_lines(src_path) - kept, SEPARATOR)
             run_aligner(aligner, corpus, links)
-            dictionary = most_frequent(count_links(aligned_pairs(src_path, tgt_path),
-                                                   read_lines(links)))
-        write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(dictionary.items())))
+            counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
+        write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
+        if temp_candidates is not None:
+            write_lines(temp_candidates, candidate_lines(counts))
 
-    return run_step("alignment dictionary", [src_path, tgt_path], [out_path], build)
+    outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
+    return run_step("alignment dictionary", [src_path, tgt_path], outputs, build)
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -166,6 +191,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--aligner", choices=["auto", *EXECUTABLES], default="auto",
                         help="auto: fast_align if found, else eflomal-align")
     parser.add_argument("--fast-align", metavar="PATH", help="the fast_align binary to run")
+    parser.add_argument("--candidates", metavar="FILE",
+                        help="also write each source word's aligned target words ranked by count, "
+                             "with the counts, for vocabulary selection (--vocab-selection FILE)")
     return parser.parse_args(argv)
 
 
@@ -174,7 +202,7 @@ def main(argv: Optional[list] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     try:
         build_align_dict(args.src, args.tgt, args.output,
-                         find_aligner(args.aligner, args.fast_align))
+                         find_aligner(args.aligner, args.fast_align), args.candidates)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
 
