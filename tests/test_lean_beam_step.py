@@ -160,7 +160,6 @@ def test_prefix_tokens_fall_back_to_the_stock_step(model):
     ["--diversity-rate", 0.5],
     ["--match-source-len"],
     ["--no-repeat-ngram-size", 2],
-    ["--beam", 1000],  # the local vocabulary would not be smaller than the dictionary
 ])
 def test_other_searches_keep_fairseq_step(model, generation_options):
     task, models, batches, gen_cfg = setup(model, *generation_options)

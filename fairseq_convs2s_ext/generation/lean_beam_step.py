@@ -15,16 +15,24 @@ other words. The model's log-probabilities are computed exactly as fairseq compu
 (log_softmax of the logits, averaged over an ensemble as fairseq does), so hypotheses,
 scores, positional scores and n-best lists are the same as stock fairseq's, bit for bit
 (up to the order of exactly tied scores, which torch's top-k leaves unspecified).
+What stays per step over the whole vocabulary is the output projection, its log_softmax
+(the log-sum-exp of a row needs the exp of every logit: torch's log_softmax does that in
+one sweep per row while it is in cache, where torch.logsumexp makes four passes and a
+temporary; its values are also exactly fairseq's) and a top-k per row. Gone are the NaN
+mask, the sum with the cumulative scores and the temperature division at 1.
 
-:class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its model is a
-:class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
+:class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its
+model is a :class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
 global ids it keeps) and its search a :class:`LocalVocabularyBeamSearch` (which maps the
 chosen local columns back to global ids). Everything else is fairseq's own loop. Where the
 argument does not hold, the generator is fairseq's, unchanged: search strategies other than
 plain beam search (sampling, diverse beam, constraints, prefix-allowed tokens,
 ``--match-source-len``), ``--no-repeat-ngram-size``, a fused language model, suppressed
-tokens, models other than ConvS2S, vocabularies not larger than the local one, and calls
-with prefix tokens or constraints.
+tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
+
+Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
+same mechanism: the models score only the batch's candidate words, the best words of each
+row are chosen among them, and the table maps them back to full dictionary ids.
 """
 import contextlib
 import math
@@ -43,35 +51,38 @@ class LocalVocabularyEnsemble(EnsembleModel):
     """fairseq's ensemble whose ``forward_decoder`` returns each hypothesis's log-probabilities
     over its local vocabulary: the special symbols, then its ``words_per_row`` best words.
 
+    With vocabulary selection, ``candidates`` (sorted target ids, the specials first) are the
+    words the models score in the current call, and the best words are chosen among them.
     ``words`` holds, after each step, the global id of every local column (hypotheses x
     local width), for :class:`LocalVocabularyBeamSearch`.
     """
 
-    def __init__(self, models, nspecial: int, words_per_row: int):
+    def __init__(self, models, nspecial: int):
         super().__init__(models)
         self.nspecial = nspecial
-        self.words_per_row = words_per_row
+        self.words_per_row = 0
+        self.candidates: Optional[torch.Tensor] = None
         self.words: Optional[torch.Tensor] = None
-
-    @property
-    def width(self) -> int:
-        return self.nspecial + self.words_per_row
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
         lprobs, attn = self.full_log_probs(tokens, encoder_outs, incremental_states, temperature)
         best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
+        best_words = best.indices + self.nspecial
+        if self.candidates is not None:
+            best_words = self.candidates[best_words]
         specials = torch.arange(self.nspecial, device=lprobs.device).expand(lprobs.size(0), -1)
-        self.words = torch.cat([specials, best.indices + self.nspecial], dim=1)
+        self.words = torch.cat([specials, best_words], dim=1)
         return torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), attn
 
     def full_log_probs(self, tokens, encoder_outs, incremental_states, temperature: float):
-        """The log-probabilities (hypotheses x V) and averaged attention of the last step,
-        the same values as fairseq's ``EnsembleModel.forward_decoder``: each model's
-        log_softmax, averaged in probability over an ensemble. Only the logits of the last
-        position are divided by the temperature, and not at all when it is 1."""
+        """The log-probabilities (hypotheses x V, or x candidates) and averaged attention of
+        the last step, the same values as fairseq's ``EnsembleModel.forward_decoder``: each
+        model's log_softmax, averaged in probability over an ensemble. Only the logits of the
+        last position are divided by the temperature, and not at all when it is 1."""
         log_probs, attention = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):
-            logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
+            logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
+                                          candidates=self.candidates)
             logits = logits[:, -1:, :]
             if temperature != 1.0:
                 logits = logits.div_(temperature)
@@ -110,17 +121,21 @@ class LocalVocabularyBeamSearch(search.BeamSearch):
 class LeanSequenceGenerator(SequenceGenerator):
     """fairseq's SequenceGenerator with the lean beam step: beam search over local
     vocabularies (see the module's docstring) wherever it finds the same hypotheses as
-    fairseq's own search, which it is otherwise."""
+    fairseq's own search, which it is otherwise.
+
+    A sample with ``"candidates"`` (vocabulary selection: sorted target ids, the special
+    symbols first) is translated with its models scoring those words only, and its
+    hypotheses are in full dictionary ids; that needs the lean step.
+    """
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
-        self.lean = None  # (model, search, width) swapped in during a call
+        self.lean = None  # (model, search) swapped in during a call
         if self.lean_step_is_exact(tgt_dict):
-            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial,
-                                            CANDIDATE_MULTIPLE * self.beam_size)
+            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial)
             model.set_decoder_beam_size(self.beam_size)
             model.eval()
-            self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model), model.width)
+            self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model))
 
     def lean_step_is_exact(self, tgt_dict) -> bool:
         """Whether the generator changes log-probabilities only of special symbols (by index)
@@ -134,22 +149,31 @@ class LeanSequenceGenerator(SequenceGenerator):
             and self.token_indices_to_suppress is None
             and all(isinstance(model, ConvS2SModel) for model in self.model.models)
             and specials < tgt_dict.nspecial
-            and tgt_dict.nspecial + CANDIDATE_MULTIPLE * self.beam_size < self.vocab_size
         )
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
+        candidates = sample.get("candidates")
         lean = self.lean is not None and prefix_tokens is None and constraints is None
-        with self._lean_parts() if lean else contextlib.nullcontext():
+        if candidates is not None and not lean:
+            raise ValueError("vocabulary selection needs plain beam search without prefix "
+                             "tokens or constraints (--prefix-size, --constraints)")
+        with self._lean_parts(candidates) if lean else contextlib.nullcontext():
             return super()._generate(sample, prefix_tokens, constraints, bos_token)
 
     @contextlib.contextmanager
-    def _lean_parts(self):
+    def _lean_parts(self, candidates):
+        """The lean model and search, for one call: each row offers its 2 x beam best words
+        (all of them, if the vocabulary or the candidates are fewer)."""
+        model, beam_search = self.lean
+        columns = self.vocab_size if candidates is None else candidates.numel()
+        model.candidates = candidates
+        model.words_per_row = min(CANDIDATE_MULTIPLE * self.beam_size, columns - model.nspecial)
         stock = self.model, self.search, self.vocab_size
-        self.model, self.search, self.vocab_size = self.lean
+        self.model, self.search, self.vocab_size = model, beam_search, model.nspecial + model.words_per_row
         try:
             yield
         finally:
-            self.lean[0].words = None
+            model.candidates = model.words = None
             self.model, self.search, self.vocab_size = stock
 
 

@@ -7,7 +7,8 @@ replacement in fairseq-generate and fairseq-interactive.
     fairseq-interactive DATA ... --replace-unk align.dict < raw-sentences
 
 Training is unchanged from ``--task translation`` (a model trained with either generates with
-either). What this task adds, each through a task hook:
+either) unless ``--vocab-selection`` or ``--autocast-bf16`` is given. What this task adds,
+each through a task hook:
 
 - ``build_generator``: fairseq's generator with the lean beam step (each hypothesis offers
   the search only its 2 x beam best words, which finds the same hypotheses with less work;
@@ -29,6 +30,10 @@ either). What this task adds, each through a task hook:
   sentence is translated.
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
+- ``train_step``, ``valid_step``, ``inference_step``: with ``--vocab-selection FILE``, each
+  batch gets its candidate target words (``sample["candidates"]``, see
+  :mod:`fairseq_convs2s_ext.data.vocabulary_selection`; in training and validation they
+  include the gold targets), which the criterion and the generator hand to the model.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
   runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
@@ -51,6 +56,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from ..data import VocabularySelection
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..unknown_words import UnknownWordReplacer
 from .source_text import SourceTextDataset, read_text, text_path
@@ -83,6 +89,20 @@ class ConvS2STranslationConfig(TranslationConfig):
     # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
     # before any generator is built (None when not replacing, and in fairseq-train).
     replace_unk: Optional[str] = II("generation.replace_unk")
+    vocab_selection: Optional[str] = field(
+        default=None,
+        metadata={"help": "vocabulary selection: score only each batch's candidate target words, "
+                          "read from this file (convs2s-align-dict --candidates)"},
+    )
+    vocab_most_common: int = field(
+        default=500,
+        metadata={"help": "vocabulary selection: the N most frequent target words are candidates"},
+    )
+    vocab_top_aligned: int = field(
+        default=100,
+        metadata={"help": "vocabulary selection: each source word's K most often aligned target "
+                          "words are candidates"},
+    )
     autocast_bf16: bool = field(
         default=False,
         metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
@@ -101,6 +121,11 @@ class ConvS2STranslationTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         self._interactive_input = None  # (token tensors, lines) of fairseq-interactive's buffer
         self._collated = deque()  # interactive batches collated and not yet translated
+        self.vocabulary_selection = None
+        if cfg.vocab_selection is not None:
+            self.vocabulary_selection = VocabularySelection.from_file(
+                cfg.vocab_selection, src_dict, tgt_dict, cfg.vocab_most_common, cfg.vocab_top_aligned
+            )
 
     @classmethod
     def add_args(cls, parser):
@@ -161,6 +186,12 @@ class ConvS2STranslationTask(TranslationTask):
         generator = super().build_generator(
             models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
         )
+        if self.vocabulary_selection is not None and getattr(generator, "lean", None) is None:
+            raise ValueError(
+                "--vocab-selection works with beam search only: leave out --score-reference, "
+                "--sampling, --diverse-beam-groups, --diversity-rate, --match-source-len, "
+                "--constraints, --no-repeat-ngram-size and --lm-path"
+            )
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
@@ -173,6 +204,8 @@ class ConvS2STranslationTask(TranslationTask):
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
             sample = dict(sample, src_text=self._collated_text(sample))
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=False)
         with self._autocast(models[0]):
             return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
@@ -196,8 +229,20 @@ class ConvS2STranslationTask(TranslationTask):
             check_bf16_runs_fast(device)
         return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
+    def _with_candidates(self, sample, training):
+        """The batch with its candidate target words (``--vocab-selection``); in training
+        and validation they include the batch's gold target words."""
+        if not sample:  # fairseq's empty dummy batch
+            return sample
+        target = sample.get("target") if training else None
+        return dict(sample, candidates=self.vocabulary_selection.candidates(
+            sample["net_input"]["src_tokens"], target))
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``."""
+        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, and
+        the batch's candidates with ``--vocab-selection``."""
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=True)
         if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         model.train()
@@ -210,5 +255,7 @@ class ConvS2STranslationTask(TranslationTask):
         return loss, sample_size, logging_output
 
     def valid_step(self, sample, model, criterion):
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=True)
         with self._autocast(model):
             return super().valid_step(sample, model, criterion)
