@@ -1,5 +1,7 @@
 """Vocabulary selection (``--vocab-selection``): fairseq-lua's candidate rule, the output
 layer over the candidates in training and generation, and hypotheses in full dictionary ids."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,10 +75,11 @@ def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
     ([f"x{i} {w} 1" for i, w in enumerate("abcd")], r"does not fit the model's source dictionary: it names "
                                                     r"only 0 of its 4 words; e\.g\. line 1: 'x0'"),
     (["a zz 1", "b yy 2", "c x1 1"], r"does not fit the model's target dictionary: it names only 1 of its 10"),
+    (None, r"no such file; write it with convs2s-align-dict --candidates"),
 ])
 def test_a_candidates_file_that_does_not_fit_is_an_error_naming_file_and_line(tmp_path, lines, message):
-    path = write(tmp_path, lines)
-    with pytest.raises(CandidatesFileError, match=rf"^{path} .*{message}"):
+    path = write(tmp_path, lines) if lines is not None else str(tmp_path / "missing")
+    with pytest.raises(CandidatesFileError, match=rf"^{re.escape(path)}\W.*{message}"):
         VocabularySelection.from_file(path, SRC, TGT, most_common=2, top_aligned=2)
 
 

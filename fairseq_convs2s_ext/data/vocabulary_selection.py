@@ -24,6 +24,7 @@ dictionaries (malformed lines, or one that covers less than half of either dicti
 another corpus, another tokenization or segmentation, the languages swapped) is an error
 that names the file and a line.
 """
+import os
 from typing import Optional
 
 import torch
@@ -46,8 +47,11 @@ def dictionary_words(dictionary):
 def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int) -> torch.Tensor:
     """The candidates file as a table: row s holds the target ids of source id s's
     ``top_aligned`` best aligned words that are in ``tgt_dict``, padded with ``pad``
-    (a special symbol, a candidate anyway)."""
-    aligned = torch.full((len(src_dict), top_aligned), tgt_dict.pad(), dtype=torch.long)
+    (a special symbol, a candidate anyway); int32, as wide as the longest row."""
+    if not os.path.isfile(path):
+        raise CandidatesFileError(f"{path}: no such file; write it with convs2s-align-dict "
+                                  f"--candidates {path} on the training text")
+    rows = {}
     seen_sources, seen_targets = {}, set()
     first_unknown_source = None
     with open(path, encoding="utf-8") as f:
@@ -75,10 +79,13 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int) -> torch.Te
             if s == src_dict.unk():
                 first_unknown_source = first_unknown_source or (number, source)
                 continue
-            known = [t for t in ids if t != tgt_dict.unk()][:top_aligned]
-            aligned[s, : len(known)] = torch.tensor(known, dtype=torch.long)
+            rows[s] = [t for t in ids if t != tgt_dict.unk()][:top_aligned]
     _check_coverage(path, "source", src_dict, set(seen_sources), first_unknown_source)
     _check_coverage(path, "target", tgt_dict, {tgt_dict[t] for t in seen_targets}, None)
+    width = max(map(len, rows.values()), default=0)
+    aligned = torch.full((len(src_dict), width), tgt_dict.pad(), dtype=torch.int32)
+    for s, targets in rows.items():
+        aligned[s, : len(targets)] = torch.tensor(targets, dtype=torch.int32)
     return aligned
 
 
