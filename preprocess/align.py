@@ -32,6 +32,12 @@ it ends, fails, or is stopped by SIGINT or SIGTERM (which also stop the aligner)
 SIGKILL, which nothing can catch, leaves the folder behind (on Linux the kernel still
 stops the aligner, see :mod:`.processes`): the next run removes the folders of processes
 of this host that no longer exist.
+
+With ``--candidates FILE`` it also writes, from the same counts, the candidate lists of
+vocabulary selection (fairseq-lua's ``-aligndictpath``; read by ``--vocab-selection``): one
+line per source word, sorted, ``source target1 count1 target2 count2 ...`` with its aligned
+target words ranked by count (ties: the smaller word first), at most
+``CANDIDATES_PER_WORD`` of them, as fairseq-lua kept.
 """
 import argparse
 import importlib.util
@@ -73,6 +79,8 @@ INSTALL_HINTS = {
 ERROR_TAIL_LINES = 20
 WORK_PREFIX = ".align-work-"
 WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-\w+")
+# Target words kept per source word in the candidates file (fairseq-lua's limit).
+CANDIDATES_PER_WORD = 1000
 
 
 class Aligner(NamedTuple):
@@ -214,8 +222,23 @@ def remove_stale_work_folders(directory: str) -> None:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
-def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner) -> bool:
-    """Write ``out_path`` atomically unless it is current; True if it was built.
+def ranked_candidates(counts: dict, limit: int = CANDIDATES_PER_WORD) -> dict:
+    """Each source word's aligned targets with their counts, most frequent first (ties:
+    the smaller target first), at most ``limit``."""
+    return {src: sorted(targets.items(), key=lambda item: (-item[1], item[0]))[:limit]
+            for src, targets in counts.items()}
+
+
+def candidate_lines(counts: dict) -> Iterator[str]:
+    """The lines of the candidates file: ``source target1 count1 target2 count2 ...``."""
+    for src, targets in sorted(ranked_candidates(counts).items()):
+        yield " ".join([src, *(f"{tgt} {n}" for tgt, n in targets)])
+
+
+def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
+                     candidates_path: Optional[str] = None) -> bool:
+    """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
+    current; True if they were built.
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -223,7 +246,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     alignment; the command fails, and its error says that the dictionary is not built
     from these inputs.
     """
-    def build(temp_out: str) -> None:
+    def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
         with work_folder(os.path.dirname(temp_out)) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
             kept = write_aligner_input(src_path, tgt_path, corpus)
@@ -234,13 +257,14 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
                         kept, aligner.name, shlex.join(aligner.command),
                         count_lines(src_path) - kept, SEPARATOR)
             run_aligner(aligner, corpus, links, tmp)
-            dictionary = most_frequent(count_links(aligned_pairs(src_path, tgt_path),
-                                                   read_lines(links)))
-        write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(dictionary.items())))
+            counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
+        write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
+        if temp_candidates is not None:
+            write_lines(temp_candidates, candidate_lines(counts))
 
     remove_stale_work_folders(os.path.dirname(os.path.abspath(out_path)))
-    return run_step("alignment dictionary", [src_path, tgt_path], [out_path], build,
-                    aligner.options())
+    outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
+    return run_step("alignment dictionary", [src_path, tgt_path], outputs, build, aligner.options())
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -255,6 +279,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help="auto (default): the fast_align binary if found, else "
                              "fast_align's model from the systran-align library")
     parser.add_argument("--fast-align", metavar="PATH", help="the fast_align binary to run")
+    parser.add_argument("--candidates", metavar="FILE",
+                        help="also write each source word's aligned target words ranked by count, "
+                             "with the counts, for vocabulary selection (--vocab-selection FILE)")
     return parser.parse_args(argv)
 
 
@@ -264,7 +291,7 @@ def main(argv: Optional[list] = None) -> None:
     exit_on_sigterm()
     try:
         build_align_dict(args.src, args.tgt, args.output,
-                         find_aligner(args.aligner, args.fast_align))
+                         find_aligner(args.aligner, args.fast_align), args.candidates)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:

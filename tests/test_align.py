@@ -14,8 +14,8 @@ from typing import Optional
 import pytest
 
 from preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
-                              aligned_pairs, build_align_dict, count_links, find_aligner,
-                              most_frequent, write_aligner_input)
+                              aligned_pairs, build_align_dict, candidate_lines, count_links,
+                              find_aligner, most_frequent, ranked_candidates, write_aligner_input)
 from preprocess.errors import PreprocessError
 from preprocess.textio import read_lines
 from preprocess.tokenize import tokenize_file
@@ -52,6 +52,22 @@ def test_counting_over_all_links_and_tie_breaking():
     # equal counts: the lexicographically smallest target wins, whatever the order seen
     tie = count_links([("x".split(), "b a c".split())], ["0-2 0-0 0-1"])
     assert most_frequent(tie) == {"x": "a"}
+
+
+def test_candidates_rank_aligned_targets_by_count():
+    """--candidates: every aligned target of a source word, most frequent first, ties to the
+    smaller word, with the counts (vocabulary selection's file)."""
+    pairs = [("the dog".split(), "der Hund".split()),
+             ("the cat".split(), "die Katze".split()),
+             ("the dog".split(), "der Hund".split()),
+             ("a dog".split(), "ein Hund bellt".split())]
+    counts = count_links(pairs, ["0-0 1-1", "0-0 1-1", "0-0 1-1", "0-0 1-1 1-2 0-2"])
+    assert ranked_candidates(counts)["dog"] == [("Hund", 3), ("bellt", 1)]
+    assert ranked_candidates(counts, limit=1)["a"] == [("bellt", 1)]  # tie with "ein": smaller first
+    assert list(candidate_lines(counts)) == ["a bellt 1 ein 1", "cat Katze 1", "dog Hund 3 bellt 1",
+                                             "the der 2 die 1"]
+    many = count_links([(["x"], [f"w{j}" for j in range(150)])], [" ".join(f"0-{j}" for j in range(150))])
+    assert len(ranked_candidates(many)["x"]) == 150  # vocabulary selection reads up to the top 100
 
 
 def test_alignment_output_must_fit_the_pairs():
@@ -200,6 +216,31 @@ def test_dictionary_is_rebuilt_when_inputs_or_options_change(tmp_path):
     # The record still describes that dictionary: the inputs it was built from reuse it.
     proc = _align_dict(*args)
     assert proc.returncode == 0 and "alignment dictionary: reused" in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("eflomal-align", path=os.pathsep.join(
+                        [os.environ.get("PATH", ""), os.path.dirname(sys.executable)])) is None,
+                    reason="eflomal-align not installed (pip install eflomal)")
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
+def test_multi30k_candidates_with_eflomal(tmp_path):
+    """convs2s-align-dict --candidates: the dictionary and, from the same counts, each source
+    word's targets ranked by count, the first being its dictionary entry."""
+    src, tgt = _multi30k_tokenized(tmp_path, 3000)
+    out, candidates = tmp_path / "align.dict", tmp_path / "candidates"
+    proc = subprocess.run([str(Path(sys.executable).parent / "convs2s-align-dict"), "--src", src,
+                           "--tgt", tgt, "-o", str(out), "--aligner", "eflomal", "--candidates",
+                           str(candidates)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    entries = dict(line.split(" ") for line in read_lines(str(out)))
+    ranked = {}
+    for line in read_lines(str(candidates)):
+        source, *fields = line.split(" ")
+        ranked[source] = [(t, int(n)) for t, n in zip(fields[0::2], fields[1::2])]
+    assert list(ranked) == sorted(ranked) and set(ranked) == set(entries)
+    for source, targets in ranked.items():
+        assert targets[0][0] == entries[source]
+        assert targets == sorted(targets, key=lambda item: (-item[1], item[0]))
+    assert ranked["dog"][0] == ("Hund", max(n for _, n in ranked["dog"]))
 
 
 @pytest.mark.skipif(shutil.which("fast_align") is None, reason="fast_align not on PATH")

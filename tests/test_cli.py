@@ -6,6 +6,9 @@ import pytest
 
 from cli_helpers import hypotheses, run, valid_losses, write_lines
 from conftest import BIN, ROOT
+from fairseq_convs2s_ext.tasks.convs2s_translation import cpu_has_native_bf16
+
+NO_NATIVE_BF16 = "this CPU has no native bf16: --autocast-bf16 is refused here"
 
 TRAIN_LINES, VALID_LINES, TEST_LINES = 3000, 200, 101  # 101: not a multiple of fairseq's batch multiple 8
 MAX_POSITIONS = 40
@@ -30,7 +33,7 @@ def data_bin(tmp_path_factory, data_dir):
     return work / "bin"
 
 
-def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext", task="translation"):
+def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext", task="translation", check=True):
     return run(
         "fairseq-train", data_bin, "--user-dir", user_dir, "--task", task,
         "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
@@ -38,7 +41,7 @@ def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext", 
         "--max-tokens", "2000", "--save-dir", save_dir, "--no-progress-bar", "--log-interval", "10",
         "--seed", "1", "--num-workers", "0",
         "--max-source-positions", MAX_POSITIONS, "--max-target-positions", MAX_POSITIONS,
-        "--skip-invalid-size-inputs-valid-test", *extra, cwd=cwd,
+        "--skip-invalid-size-inputs-valid-test", *extra, cwd=cwd, check=check,
     )
 
 
@@ -77,6 +80,7 @@ def test_generate_translates_every_test_sentence_with_beam_5(data_bin, trained):
     assert "BLEU4" in log
 
 
+@pytest.mark.skipif(not cpu_has_native_bf16(), reason=NO_NATIVE_BF16)
 def test_bf16_autocast_trains_and_generates_on_cpu(data_bin, trained, tmp_path):
     """--autocast-bf16 (convs2s_translation) on CPU, where fairseq's own --bf16 needs a TPU:
     the same validation losses as fp32 to within bf16 rounding, fp32 weights in the
@@ -97,6 +101,28 @@ def test_bf16_autocast_trains_and_generates_on_cpu(data_bin, trained, tmp_path):
                     "--path", tmp_path / "checkpoint_best.pt", "--beam", "5", "--batch-size", "32",
                     "--gen-subset", "test", "--autocast-bf16")
     assert sorted(hypotheses(generated)) == list(range(TEST_LINES))
+
+
+@pytest.mark.skipif(cpu_has_native_bf16(), reason="this CPU has native bf16: --autocast-bf16 runs "
+                                                 "(test_bf16_autocast_trains_and_generates_on_cpu)")
+def test_bf16_autocast_is_refused_on_a_cpu_without_native_bf16(data_bin, trained, tmp_path):
+    """Emulated bf16 would make every matrix multiply hundreds of times slower: fairseq-train
+    and fairseq-generate stop at their first step with one line naming the CPU's capability
+    and the alternative."""
+    import torch
+
+    save_dir, _ = trained
+    refusal = (rf"Bf16UnsupportedError: --autocast-bf16: this CPU has no native bf16 \(torch CPU "
+               rf"capability {torch.backends.cpu.get_cpu_capability()}\b.*without --autocast-bf16 \(fp32\)")
+    trained_bf16 = train(data_bin, tmp_path, "--arch", "convs2s_tiny", "--max-update", "1",
+                         "--autocast-bf16", task="convs2s_translation", check=False)
+    generated = run("fairseq-generate", data_bin, "--user-dir", "fairseq_convs2s_ext", "--task", "convs2s_translation",
+                    "--path", save_dir / "checkpoint_best.pt", "--beam", "5", "--gen-subset", "test",
+                    "--autocast-bf16", check=False)
+    for proc in (trained_bf16, generated):
+        assert proc.returncode != 0
+        assert re.search(refusal, proc.stdout), proc.stdout[-3000:]
+    assert not hypotheses(generated.stdout)
 
 
 def test_too_long_input_is_an_error_or_skipped(data_bin, trained):

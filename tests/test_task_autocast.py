@@ -1,11 +1,23 @@
 """``--autocast-bf16`` of the convs2s_translation task: bf16 matrix multiplies, fp32 weights,
-gradients and loss."""
+gradients and loss; refused on a CPU without native bf16."""
+import pytest
 import torch
 from fairseq.optim.nag import FairseqNAG, FairseqNAGConfig
 
 from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
-from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
+from fairseq_convs2s_ext.tasks.convs2s_translation import (
+    Bf16UnsupportedError,
+    ConvS2STranslationConfig,
+    ConvS2STranslationTask,
+    cpu_has_native_bf16,
+)
 from model_helpers import build, random_tokens
+
+needs_native_bf16 = pytest.mark.skipif(
+    not cpu_has_native_bf16(),
+    reason=f"this CPU has no native bf16 (torch CPU capability "
+           f"{torch.backends.cpu.get_cpu_capability()}): --autocast-bf16 is refused here",
+)
 
 
 def sample(d):
@@ -30,6 +42,7 @@ def run_steps(autocast):
     return dtypes, loss, grads, valid_loss
 
 
+@needs_native_bf16
 def test_autocast_bf16_runs_the_model_in_bf16_and_keeps_fp32_gradients_and_loss():
     dtypes, loss, grads, valid_loss = run_steps(autocast=True)
     assert dtypes == [torch.bfloat16, torch.bfloat16]  # train_step, valid_step
@@ -37,3 +50,17 @@ def test_autocast_bf16_runs_the_model_in_bf16_and_keeps_fp32_gradients_and_loss(
     fp32_dtypes, fp32_loss, _, _ = run_steps(autocast=False)
     assert fp32_dtypes == [torch.float32, torch.float32]
     assert abs(loss.item() - fp32_loss.item()) < 0.02 * fp32_loss.item()
+
+
+def test_autocast_bf16_is_refused_on_a_cpu_without_native_bf16():
+    """Emulated bf16 matrix multiplies are hundreds of times slower than fp32: the task says
+    so instead of crawling. Where the CPU has native bf16, the same step runs."""
+    if cpu_has_native_bf16():
+        dtypes, _, _, _ = run_steps(autocast=True)
+        assert dtypes == [torch.bfloat16, torch.bfloat16]
+        return
+    capability = torch.backends.cpu.get_cpu_capability()
+    with pytest.raises(Bf16UnsupportedError, match=rf"capability {capability}\b.*without --autocast-bf16 \(fp32\)"):
+        run_steps(autocast=True)
+    fp32_dtypes, _, _, _ = run_steps(autocast=False)  # fp32 is never refused
+    assert fp32_dtypes == [torch.float32, torch.float32]

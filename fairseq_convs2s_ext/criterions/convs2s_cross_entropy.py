@@ -11,6 +11,11 @@ Logged like fairseq's criteria, in base 2 per target token: ``loss`` (the optimi
 possibly smoothed loss), ``nll_loss`` (the plain NLL, also with smoothing on) and ``ppl``
 (2 ** nll_loss). A batch without target tokens gives a loss of 0 with weight 0 instead of
 dividing by zero, so it leaves the running averages unchanged and logs no NaN.
+
+With vocabulary selection (``sample["candidates"]``, set by ``convs2s_translation``'s
+``--vocab-selection``), the softmax, the loss and its smoothing are over the batch's
+candidate words, which include every gold target word; the padding id is a candidate at its
+own position, so padding is still ignored.
 """
 import math
 from dataclasses import dataclass, field
@@ -20,6 +25,7 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
+from ..data import local_indices
 from .blockwise_cross_entropy import label_smoothed_cross_entropy
 
 
@@ -43,8 +49,13 @@ class ConvS2SCrossEntropyCriterion(FairseqCriterion):
     def forward(self, model, sample, reduce=True):
         """Return the summed loss, the number of non-padding target tokens (fairseq divides
         the gradients by it) and the logging output."""
-        net_output = model(**sample["net_input"])
-        target = model.get_targets(sample, net_output)
+        candidates = sample.get("candidates")
+        if candidates is None:
+            net_output = model(**sample["net_input"])
+            target = model.get_targets(sample, net_output)
+        else:  # vocabulary selection: logits over the candidates, targets as their positions
+            net_output = model(**sample["net_input"], candidates=candidates)
+            target = local_indices(candidates, model.get_targets(sample, net_output))
         loss, nll_loss = label_smoothed_cross_entropy(net_output[0], target, self.label_smoothing, self.padding_idx)
         if reduce:
             loss, nll_loss = loss.sum(), nll_loss.sum()

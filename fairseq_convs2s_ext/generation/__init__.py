@@ -1,1 +1,6 @@
-"""What generation adds to fairseq's: the paper's unknown-word replacement."""
+"""What generation adds to fairseq's SequenceGenerator for ConvS2S models: the lean beam step
+(with vocabulary selection riding on it) and the paper's unknown-word replacement."""
+from .lean_beam_step import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
+from .unknown_words import UnknownWordReplacer
+
+__all__ = ["LeanSequenceGenerator", "LeanSequenceGeneratorWithAlignment", "UnknownWordReplacer"]

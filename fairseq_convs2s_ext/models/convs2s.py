@@ -75,6 +75,12 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         )
         return cls(encoder, decoder)
 
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, candidates=None):
+        """Logits over the target vocabulary, or over ``candidates`` (sorted target ids) with
+        vocabulary selection, and the decoder's attention."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, candidates=candidates)
+
     def make_generation_fast_(self, **kwargs):
         """Fold weight normalization into plain weights: generation needs no g and v."""
         super().make_generation_fast_(**kwargs)

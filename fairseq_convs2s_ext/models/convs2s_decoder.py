@@ -1,5 +1,6 @@
 """The ConvS2S decoder (sections 3.1 to 3.3)."""
 import torch.nn as nn
+import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import FairseqDropout
 
@@ -11,7 +12,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     """Embeddings g of the previous target elements, a linear map to the first block's width,
     blocks of causal GLU convolutions each with an optional attention (table 5) and a
     residual connection, then linear maps to the output embedding size and to the
-    vocabulary: p(y_{i+1} | y_1..y_i, x) = softmax(W_o h_i^L + b_o).
+    vocabulary: p(y_{i+1} | y_1..y_i, x) = softmax(W_o h_i^L + b_o), over the whole
+    vocabulary or over a batch's candidate words (vocabulary selection, ``output_layer``).
 
     Incremental decoding keeps the last k inputs of every convolution, so a step costs the
     same whatever the length of the prefix. The attention returned for generation is the
@@ -52,8 +54,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         else:
             self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
 
-    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, **unused):
-        """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}."""
+    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None, **unused):
+        """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]};
+        with ``candidates`` (sorted target ids, vocabulary selection), logits over those
+        words only (B x T x len(candidates))."""
         g = self.embed(prev_output_tokens, incremental_state)
         x = self.fc1(g)
         attention_sum = None
@@ -67,9 +71,17 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 if self.need_attn:
                     attention_sum = a if attention_sum is None else attention_sum + a
             x = scaled_sum(x, residual)
-        logits = self.fc3(self.dropout(self.fc2(x)))
+        logits = self.output_layer(self.dropout(self.fc2(x)), candidates)
         average = None if attention_sum is None else attention_sum / self.num_attention_layers
         return logits, {"attn": [average]}
+
+    def output_layer(self, features, candidates=None):
+        """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
+        selection: only their rows of W_o and b_o are used)."""
+        if candidates is None:
+            return self.fc3(features)
+        return F.linear(features, self.fc3.weight.index_select(0, candidates),
+                        self.fc3.bias.index_select(0, candidates))
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         self.need_attn = need_attn

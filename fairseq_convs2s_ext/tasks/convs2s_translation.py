@@ -7,9 +7,12 @@ replacement in fairseq-generate and fairseq-interactive.
     fairseq-interactive DATA ... --replace-unk align.dict < raw-sentences
 
 Training is unchanged from ``--task translation`` (a model trained with either generates with
-either). What this task adds, each through a task hook:
+either) unless ``--vocab-selection`` or ``--autocast-bf16`` is given. What this task adds,
+each through a task hook:
 
-- ``build_generator``: with ``--replace-unk``, fairseq's generator wrapped in
+- ``build_generator``: fairseq's generator with the lean beam step (each hypothesis offers
+  the search only its 2 x beam best words, which finds the same hypotheses with less work;
+  see :mod:`fairseq_convs2s_ext.generation.lean_beam_step`); with ``--replace-unk``, wrapped in
   :class:`~fairseq_convs2s_ext.generation.unknown_words.UnknownWordReplacer`, which does the replacement
   (see that module for the rules). fairseq's own replacement is broken for every model
   (its generator returns no alignment), and the wrapper leaves it nothing to do.
@@ -37,10 +40,17 @@ either). What this task adds, each through a task hook:
   where the model would invent a sentence from the end-of-sentence marker alone.
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
+- ``train_step``, ``valid_step``, ``inference_step``: with ``--vocab-selection FILE``, each
+  batch gets its candidate target words (``sample["candidates"]``, see
+  :mod:`fairseq_convs2s_ext.data.vocabulary_selection`; in training and validation they
+  include the gold targets), which the criterion and the generator hand to the model.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
   runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
-  is CUDA only. The backward pass runs outside autocast, as torch recommends.
+  is CUDA only. The backward pass runs outside autocast, as torch recommends. On a CPU
+  without native bf16 (torch's oneDNN reports no bf16 support, e.g. AVX2 only), bf16 matrix
+  multiplies are emulated and run hundreds of times slower than fp32, so a model on such a
+  CPU is refused (:class:`Bf16UnsupportedError`) instead of crawling in silence.
 
 Reaching into fairseq: ``add_args`` changes the constant of fairseq's ``--replace-unk``
 option (``parser._actions``: argparse has no public way to change an added option), because
@@ -50,6 +60,7 @@ fairseq's option changes.
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -60,8 +71,31 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from ..checkpoints import check_config
+from ..data import SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
+from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
-from ..data import SourceTextDataset, SourceTextError, raw_lines
+
+
+class Bf16UnsupportedError(RuntimeError):
+    """``--autocast-bf16`` asked for on a CPU whose matrix multiplies have no bf16 path."""
+
+
+@lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether torch's oneDNN runs bf16 matrix multiplies natively on this CPU (AVX512-BF16,
+    AMX); elsewhere they are emulated, hundreds of times slower than fp32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def check_bf16_runs_fast(device_type: str) -> None:
+    """Refuse bf16 autocast for a model on a CPU without native bf16 (GPUs are left alone)."""
+    if device_type == "cpu" and not cpu_has_native_bf16():
+        raise Bf16UnsupportedError(
+            f"--autocast-bf16: this CPU has no native bf16 (torch CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 unsupported), where bf16 "
+            f"matrix multiplies run hundreds of times slower than fp32; run without "
+            f"--autocast-bf16 (fp32), or on a GPU or a CPU with AVX512-BF16 or AMX"
+        )
 
 
 @dataclass
@@ -69,10 +103,25 @@ class ConvS2STranslationConfig(TranslationConfig):
     # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
     # before any generator is built (None when not replacing, and in fairseq-train).
     replace_unk: Optional[str] = II("generation.replace_unk")
+    vocab_selection: Optional[str] = field(
+        default=None,
+        metadata={"help": "vocabulary selection: score only each batch's candidate target words, "
+                          "read from this file (convs2s-align-dict --candidates)"},
+    )
+    vocab_most_common: int = field(
+        default=500,
+        metadata={"help": "vocabulary selection: the N most frequent target words are candidates"},
+    )
+    vocab_top_aligned: int = field(
+        default=100,
+        metadata={"help": "vocabulary selection: each source word's K most often aligned target "
+                          "words are candidates"},
+    )
     autocast_bf16: bool = field(
         default=False,
         metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
-                          "matrix multiplies, fp32 weights, optimizer state and loss"},
+                          "matrix multiplies, fp32 weights, optimizer state and loss; refused on "
+                          "a CPU without native bf16 (AVX512-BF16 or AMX)"},
     )
 
 
@@ -87,6 +136,11 @@ class ConvS2STranslationTask(TranslationTask):
         self._interactive_input = None  # (token tensors, lines, raw lines) of fairseq-interactive's buffer
         self._interactive_lines_read = 0  # input lines before the current buffer
         self._collated = deque()  # interactive batches collated and not yet translated
+        self.vocabulary_selection = None
+        if cfg.vocab_selection is not None:
+            self.vocabulary_selection = VocabularySelection.from_file(
+                cfg.vocab_selection, src_dict, tgt_dict, cfg.vocab_most_common, cfg.vocab_top_aligned
+            )
 
     @classmethod
     def add_args(cls, parser):
@@ -166,9 +220,21 @@ class ConvS2STranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
+        if seq_gen_cls is None:  # fairseq's choice of class, with the lean beam step
+            extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {})
+            seq_gen_cls = LeanSequenceGenerator
+            if getattr(args, "print_alignment", False):
+                seq_gen_cls = LeanSequenceGeneratorWithAlignment
+                extra_gen_cls_kwargs["print_alignment"] = args.print_alignment
         generator = super().build_generator(
             models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
         )
+        if self.vocabulary_selection is not None and getattr(generator, "lean", None) is None:
+            raise ValueError(
+                "--vocab-selection works with beam search only: leave out --score-reference, "
+                "--sampling, --diverse-beam-groups, --diversity-rate, --match-source-len, "
+                "--constraints, --no-repeat-ngram-size and --lm-path"
+            )
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
@@ -181,6 +247,8 @@ class ConvS2STranslationTask(TranslationTask):
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
             sample = dict(sample, src_text=self._collated_text(sample))
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=False)
         with self._autocast(models[0]):
             hypos = super().inference_step(generator, models, sample, prefix_tokens, constraints)
         return self._empty_for_empty_sources(sample, hypos)
@@ -211,10 +279,24 @@ class ConvS2STranslationTask(TranslationTask):
 
     def _autocast(self, model):
         device = next(model.parameters()).device.type
+        if self.cfg.autocast_bf16:
+            check_bf16_runs_fast(device)
         return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
+    def _with_candidates(self, sample, training):
+        """The batch with its candidate target words (``--vocab-selection``); in training
+        and validation they include the batch's gold target words."""
+        if not sample:  # fairseq's empty dummy batch
+            return sample
+        target = sample.get("target") if training else None
+        return dict(sample, candidates=self.vocabulary_selection.candidates(
+            sample["net_input"]["src_tokens"], target))
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``."""
+        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, and
+        the batch's candidates with ``--vocab-selection``."""
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=True)
         if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         model.train()
@@ -227,5 +309,7 @@ class ConvS2STranslationTask(TranslationTask):
         return loss, sample_size, logging_output
 
     def valid_step(self, sample, model, criterion):
+        if self.vocabulary_selection is not None:
+            sample = self._with_candidates(sample, training=True)
         with self._autocast(model):
             return super().valid_step(sample, model, criterion)

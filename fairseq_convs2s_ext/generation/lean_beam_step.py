@@ -1,0 +1,182 @@
+"""The lean beam step: fairseq's beam search over each hypothesis's 2 x beam best words.
+
+fairseq's SequenceGenerator scores every word of the vocabulary at every step: the model's
+log-probabilities (hypotheses x V) get a NaN mask, the hypotheses' cumulative scores added,
+and a top-k over beam x V per sentence, which picks the 2 x beam best continuations. Over a
+10k vocabulary that per-step work costs about a third of beam-5 generation (bench/README.md).
+
+Only a word among the 2 x beam best of its own hypothesis can be among the 2 x beam best
+continuations of a sentence: a word with 2 x beam better words in its row has as many
+better continuations (same cumulative score, higher log-probability). So the search is
+unchanged when each hypothesis offers only its local vocabulary: the special symbols (bos,
+pad, eos, unk, ... at their own ids 0..nspecial-1, so that the generator's handling of pad,
+eos, unk, minimum and maximum length by index stays right) followed by its 2 x beam best
+other words. The model's log-probabilities are computed exactly as fairseq computes them
+(log_softmax of the logits, averaged over an ensemble as fairseq does), so hypotheses,
+scores, positional scores and n-best lists are the same as stock fairseq's, bit for bit
+(up to the order of exactly tied scores, which torch's top-k leaves unspecified).
+What stays per step over the whole vocabulary is the output projection, its log_softmax
+(the log-sum-exp of a row needs the exp of every logit: torch's log_softmax does that in
+one sweep per row while it is in cache, where torch.logsumexp makes four passes and a
+temporary; its values are also exactly fairseq's) and a top-k per row. Gone are the NaN
+mask, the sum with the cumulative scores and the temperature division at 1.
+
+:class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its
+model is a :class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
+global ids it keeps) and its search a :class:`LocalVocabularyBeamSearch` (which maps the
+chosen local columns back to global ids). Everything else is fairseq's own loop. Where the
+argument does not hold, the generator is fairseq's, unchanged: search strategies other than
+plain beam search (sampling, diverse beam, constraints, prefix-allowed tokens,
+``--match-source-len``), ``--no-repeat-ngram-size``, a fused language model, suppressed
+tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
+
+Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
+same mechanism: the models score only the batch's candidate words, the best words of each
+row are chosen among them, and the table maps them back to full dictionary ids.
+"""
+import contextlib
+import math
+from typing import Optional
+
+import torch
+from fairseq import search
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, SequenceGeneratorWithAlignment
+
+from ..models import ConvS2SModel
+
+CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
+
+
+class LocalVocabularyEnsemble(EnsembleModel):
+    """fairseq's ensemble whose ``forward_decoder`` returns each hypothesis's log-probabilities
+    over its local vocabulary: the special symbols, then its ``words_per_row`` best words.
+
+    With vocabulary selection, ``candidates`` (sorted target ids, the specials first) are the
+    words the models score in the current call, and the best words are chosen among them.
+    ``words`` holds, after each step, the global id of every local column (hypotheses x
+    local width), for :class:`LocalVocabularyBeamSearch`.
+    """
+
+    def __init__(self, models, nspecial: int):
+        super().__init__(models)
+        self.nspecial = nspecial
+        self.words_per_row = 0
+        self.candidates: Optional[torch.Tensor] = None
+        self.words: Optional[torch.Tensor] = None
+
+    def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
+        lprobs, attn = self.full_log_probs(tokens, encoder_outs, incremental_states, temperature)
+        best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
+        best_words = best.indices + self.nspecial
+        if self.candidates is not None:
+            best_words = self.candidates[best_words]
+        specials = torch.arange(self.nspecial, device=lprobs.device).expand(lprobs.size(0), -1)
+        self.words = torch.cat([specials, best_words], dim=1)
+        return torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), attn
+
+    def full_log_probs(self, tokens, encoder_outs, incremental_states, temperature: float):
+        """The log-probabilities (hypotheses x V, or x candidates) and averaged attention of
+        the last step, the same values as fairseq's ``EnsembleModel.forward_decoder``: each
+        model's log_softmax, averaged in probability over an ensemble. Only the logits of the
+        last position are divided by the temperature, and not at all when it is 1."""
+        log_probs, attention = [], []
+        for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):
+            logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
+                                          candidates=self.candidates)
+            logits = logits[:, -1:, :]
+            if temperature != 1.0:
+                logits = logits.div_(temperature)
+            log_probs.append(model.get_normalized_probs((logits, extra), log_probs=True)[:, -1, :])
+            attn = extra["attn"][0]
+            if attn is not None:
+                attention.append(attn[:, -1, :])
+        if self.models_size == 1:
+            return log_probs[0], attention[0] if attention else None
+        lprobs = torch.logsumexp(torch.stack(log_probs, dim=0), dim=0) - math.log(self.models_size)
+        if not attention:
+            return lprobs, None
+        average = attention[0]
+        for attn in attention[1:]:
+            average.add_(attn)
+        return lprobs, average.div_(self.models_size)
+
+
+class LocalVocabularyBeamSearch(search.BeamSearch):
+    """fairseq's beam search over local vocabularies: the chosen local columns are mapped
+    back to global ids through the table the model kept for the step."""
+
+    def __init__(self, tgt_dict, model: LocalVocabularyEnsemble):
+        super().__init__(tgt_dict)
+        self.local_vocabularies = [model]  # a list: not a submodule of the search
+
+    def step(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        cand_scores, local_indices, cand_beams = super().step(
+            step, lprobs, scores, prev_output_tokens, original_batch_idxs
+        )
+        bsz, beam_size, width = lprobs.size()
+        words = self.local_vocabularies[0].words.view(bsz, beam_size * width)
+        return cand_scores, words.gather(1, cand_beams * width + local_indices), cand_beams
+
+
+class LeanSequenceGenerator(SequenceGenerator):
+    """fairseq's SequenceGenerator with the lean beam step: beam search over local
+    vocabularies (see the module's docstring) wherever it finds the same hypotheses as
+    fairseq's own search, which it is otherwise.
+
+    A sample with ``"candidates"`` (vocabulary selection: sorted target ids, the special
+    symbols first) is translated with its models scoring those words only, and its
+    hypotheses are in full dictionary ids; that needs the lean step.
+    """
+
+    def __init__(self, models, tgt_dict, **kwargs):
+        super().__init__(models, tgt_dict, **kwargs)
+        self.lean = None  # (model, search) swapped in during a call
+        if self.lean_step_is_exact(tgt_dict):
+            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial)
+            model.set_decoder_beam_size(self.beam_size)
+            model.eval()
+            self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model))
+
+    def lean_step_is_exact(self, tgt_dict) -> bool:
+        """Whether the generator changes log-probabilities only of special symbols (by index)
+        or of all words alike, and searches with plain beam search, over ConvS2S models."""
+        specials = max(tgt_dict.bos(), tgt_dict.pad(), self.eos, self.unk)
+        return (
+            type(self.search) is search.BeamSearch
+            and self.repeat_ngram_blocker is None
+            and self.lm_model is None
+            and not self.match_source_len
+            and self.token_indices_to_suppress is None
+            and all(isinstance(model, ConvS2SModel) for model in self.model.models)
+            and specials < tgt_dict.nspecial
+        )
+
+    def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
+        candidates = sample.get("candidates")
+        lean = self.lean is not None and prefix_tokens is None and constraints is None
+        if candidates is not None and not lean:
+            raise ValueError("vocabulary selection needs plain beam search without prefix "
+                             "tokens or constraints (--prefix-size, --constraints)")
+        with self._lean_parts(candidates) if lean else contextlib.nullcontext():
+            return super()._generate(sample, prefix_tokens, constraints, bos_token)
+
+    @contextlib.contextmanager
+    def _lean_parts(self, candidates):
+        """The lean model and search, for one call: each row offers its 2 x beam best words
+        (all of them, if the vocabulary or the candidates are fewer)."""
+        model, beam_search = self.lean
+        columns = self.vocab_size if candidates is None else candidates.numel()
+        model.candidates = candidates
+        model.words_per_row = min(CANDIDATE_MULTIPLE * self.beam_size, columns - model.nspecial)
+        stock = self.model, self.search, self.vocab_size
+        self.model, self.search, self.vocab_size = model, beam_search, model.nspecial + model.words_per_row
+        try:
+            yield
+        finally:
+            model.candidates = model.words = None
+            self.model, self.search, self.vocab_size = stock
+
+
+class LeanSequenceGeneratorWithAlignment(SequenceGeneratorWithAlignment, LeanSequenceGenerator):
+    """fairseq's SequenceGeneratorWithAlignment (``--print-alignment``) with the lean beam
+    step: its ``generate`` calls ``super()._generate``, which is the lean one."""

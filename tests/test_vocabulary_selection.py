@@ -1,0 +1,158 @@
+"""Vocabulary selection (``--vocab-selection``): fairseq-lua's candidate rule, the output
+layer over the candidates in training and generation, and hypotheses in full dictionary ids."""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.data import Dictionary
+
+from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
+from fairseq_convs2s_ext.data import CandidatesFileError, VocabularySelection, local_indices
+from fairseq_convs2s_ext.generation import LeanSequenceGenerator
+from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
+from model_helpers import build, random_tokens
+
+
+def dictionary(words):
+    d = Dictionary()
+    for w in words:
+        d.add_symbol(w)
+    return d
+
+
+SRC = dictionary(["a", "b", "c", "d"])
+TGT = dictionary([f"x{i}" for i in range(10)])  # in order of frequency, as fairseq's
+CANDIDATES = [
+    "a x3 5 x1 3 zz 2 x7 1",  # zz is not a target word: skipped before taking the top K
+    "b x9 4 x8 4",
+    "c x5 1",
+    "q x6 7",  # q is not a source word (a truncated dictionary): never a source of the batch
+]
+
+
+def write(tmp_path, lines, name="candidates"):
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def ids(d, words):
+    return [d.index(w) for w in words]
+
+
+def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
+    selection = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=2, top_aligned=2)
+    src = torch.tensor([[SRC.pad(), SRC.index("a"), SRC.index("b"), SRC.eos()],
+                        [SRC.index("a"), SRC.unk(), SRC.index("a"), SRC.eos()]])
+    specials = list(range(TGT.nspecial))
+    most_common = ids(TGT, ["x0", "x1"])
+    aligned = ids(TGT, ["x3", "x1", "x9", "x8"])  # a: x3 x1 (top 2 known), b: x9 x8; not c
+    generation = selection.candidates(src)
+    assert generation.tolist() == sorted(set(specials + most_common + aligned))
+    target = torch.tensor([[TGT.index("x4"), TGT.index("x0"), TGT.eos()], [TGT.index("x6"), TGT.eos(), TGT.pad()]])
+    training = selection.candidates(src, target)
+    assert training.tolist() == sorted(set(generation.tolist() + ids(TGT, ["x4", "x6"])))
+    # specials first at their own ids; local indices map back to full ids
+    assert training[: TGT.nspecial].tolist() == specials
+    local = local_indices(training, target)
+    assert torch.equal(training[local], target) and local[1, 2] == TGT.pad()
+    # no source word with candidates, no most common: the specials alone
+    none = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=0, top_aligned=5)
+    assert none.candidates(torch.tensor([[SRC.index("d"), SRC.eos()]])).tolist() == specials
+    everything = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=10 ** 6, top_aligned=1)
+    assert everything.candidates(src).tolist() == list(range(len(TGT)))
+
+
+@pytest.mark.parametrize("lines, message", [
+    (CANDIDATES + ["d x2"], r"line 5: expected 'source target1 count1"),
+    (CANDIDATES + ["d x2 two"], r"line 5: expected"),
+    (CANDIDATES + ["d x2 0"], r"line 5: expected"),
+    (["a x1 1 x2 3"] + CANDIDATES[1:], r"line 1: the targets of 'a' are not ranked"),
+    (CANDIDATES + ["a x2 1"], r"line 5: source word 'a' again \(first on line 1\)"),
+    # the languages swapped: no source word is in the source dictionary
+    ([f"x{i} {w} 1" for i, w in enumerate("abcd")], r"does not fit the model's source dictionary: it names "
+                                                    r"only 0 of its 4 words; e\.g\. line 1: 'x0'"),
+    (["a zz 1", "b yy 2", "c x1 1"], r"does not fit the model's target dictionary: it names only 1 of its 10"),
+    (None, r"no such file; write it with convs2s-align-dict --candidates"),
+])
+def test_a_candidates_file_that_does_not_fit_is_an_error_naming_file_and_line(tmp_path, lines, message):
+    path = write(tmp_path, lines) if lines is not None else str(tmp_path / "missing")
+    with pytest.raises(CandidatesFileError, match=rf"^{re.escape(path)}\W.*{message}"):
+        VocabularySelection.from_file(path, SRC, TGT, most_common=2, top_aligned=2)
+
+
+def batch(d, sentences=4, src_len=6, tgt_len=5):
+    target = random_tokens(d, sentences, tgt_len)
+    target[1, -2:] = d.pad()
+    target[:, -1] = d.eos()
+    prev = torch.cat([torch.full((sentences, 1), d.eos()), target[:, :-1]], 1)
+    src = random_tokens(d, sentences, src_len)
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.full((sentences,), src_len),
+                          "prev_output_tokens": prev},
+            "target": target, "ntokens": int(target.ne(d.pad()).sum())}
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_training_loss_is_the_cross_entropy_over_the_candidates(smoothing):
+    """The criterion with a batch's candidates equals the full model's logits restricted to
+    them (by plain indexing), log_softmax and fairseq's label-smoothed NLL; gradients reach
+    only the candidates' output rows."""
+    torch.manual_seed(0)
+    model, d = build(vocab=60)
+    model.train()
+    criterion = ConvS2SCrossEntropyCriterion(
+        ConvS2STranslationTask(ConvS2STranslationConfig(replace_unk=None), d, d), smoothing)
+    sample = batch(d)
+    candidates = torch.unique(torch.cat([torch.arange(d.nspecial), sample["target"].view(-1),
+                                         torch.tensor([10, 20, 30])]))
+    torch.manual_seed(1)  # the same dropout masks in both passes
+    loss, sample_size, logging = criterion(model, dict(sample, candidates=candidates))
+    loss.backward()
+    selected_grad = model.decoder.fc3.parametrizations.weight.original1.grad.clone()
+    model.zero_grad()
+    torch.manual_seed(1)
+    logits = model(**sample["net_input"])[0][..., candidates]
+    position = {int(c): i for i, c in enumerate(candidates)}
+    target = torch.tensor([[position[int(t)] for t in row] for row in sample["target"]])
+    expected, expected_nll = label_smoothed_nll_loss(
+        F.log_softmax(logits, -1).view(-1, len(candidates)), target.view(-1), smoothing, ignore_index=d.pad())
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logging["nll_loss"], expected_nll, rtol=1e-5, atol=1e-5)
+    assert sample_size == sample["ntokens"]
+    expected.backward()
+    torch.testing.assert_close(selected_grad, model.decoder.fc3.parametrizations.weight.original1.grad)
+    unselected = torch.ones(len(d), dtype=torch.bool)
+    unselected[candidates] = False
+    assert selected_grad[unselected].abs().sum() == 0 and selected_grad[candidates].abs().sum() > 0
+
+
+def test_generation_maps_hypotheses_back_to_full_ids():
+    """Beam search over a batch's candidates: hypotheses in full dictionary ids, all of them
+    candidates, with the positional scores of the full model's logits restricted to the
+    candidates; with every word a candidate, the full vocabulary's hypotheses, bit for bit."""
+    torch.manual_seed(0)
+    model, d = build(vocab=80)
+    model.eval()
+    src = random_tokens(d, 5, 7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((5,), 7)}}
+    candidates = torch.cat([torch.arange(d.nspecial), torch.arange(d.nspecial + 3, len(d), 4)])
+    generator = LeanSequenceGenerator([model], d, beam_size=4, max_len_b=8)
+    selected = generator.generate([model], dict(sample, candidates=candidates))
+    position = {int(c): i for i, c in enumerate(candidates)}
+    for i, nbest in enumerate(selected):
+        for hypo in nbest:
+            tokens = hypo["tokens"]
+            assert set(tokens.tolist()) <= set(candidates.tolist())
+            prev = torch.cat([torch.tensor([d.eos()]), tokens[:-1]])[None]
+            with torch.no_grad():
+                logits = model(src[i: i + 1], torch.tensor([7]), prev)[0][0, :, candidates]
+            local = torch.tensor([position[int(t)] for t in tokens])
+            scores = F.log_softmax(logits, -1).gather(1, local[:, None]).squeeze(1)
+            torch.testing.assert_close(hypo["positional_scores"], scores, rtol=1e-5, atol=1e-5)
+    full = generator.generate([model], sample)
+    every_word = generator.generate([model], dict(sample, candidates=torch.arange(len(d))))
+    for a, b in zip(full, every_word):
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"]) and torch.equal(x["positional_scores"], y["positional_scores"])
