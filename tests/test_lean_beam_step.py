@@ -17,7 +17,7 @@ from fairseq.tasks.translation import TranslationTask
 
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from fairseq_convs2s_ext.generation.lean_beam_step import LocalVocabularyEnsemble
-from fairseq_convs2s_ext.unknown_words import UnknownWordReplacer
+from fairseq_convs2s_ext.generation import UnknownWordReplacer
 from cli_helpers import run
 from recipes.unk_replacement_bleu import USER_DIR, prepare_data, train
 
