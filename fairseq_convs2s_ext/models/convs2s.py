@@ -75,6 +75,16 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         )
         return cls(encoder, decoder)
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A hub interface that translates raw sentences (see :mod:`fairseq_convs2s_ext.hub_interface`):
+        the checkpoint ``model_name_or_path/checkpoint_file`` (``a.pt:b.pt``: an ensemble), the
+        dictionaries, BPE codes and tokenizer of the prepared folder ``data_name_or_path``."""
+        from ..hub_interface import from_pretrained
+
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
     def make_generation_fast_(self, **kwargs):
         """Fold weight normalization into plain weights: generation needs no g and v."""
         super().make_generation_fast_(**kwargs)
