@@ -17,6 +17,7 @@ setup(
         "subword-nmt>=0.3.8",
         "sacremoses>=0.0.53",
         "hydra-core>=1.3",
+        "matplotlib>=3.5",  # convs2s-plot-attention
     ],
     extras_require={
         "test": ["pytest>=7"],
@@ -33,6 +34,7 @@ setup(
             "convs2s-postprocess = preprocess.postprocess:main",
             "convs2s-recipe = recipes.run:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.import_fconv:main",
+            "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
         ]
     },
 )

@@ -32,14 +32,18 @@ What the interface adds to fairseq's:
   or to one call. fairseq's hub interface ignores ``--replace-unk``; here the source text of
   each sentence reaches the replacement, whatever task the checkpoint was trained with. The
   replaced words are decoded directly and never added to the target dictionary, whose size
-  must stay the model's for the next call's beam search.
+  must stay the model's for the next call's beam search;
+- ``layer_attention``: each decoder layer's attention for a sentence pair, and their
+  average (drawn by ``convs2s-plot-attention``, :mod:`.cli.plot_attention`).
 """
 import contextlib
 import os
-from typing import List, Optional, Union
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Union
 
 import torch
 from fairseq import hub_utils, utils
+from fairseq.data import encoders
 from fairseq.data.encoders.moses_tokenizer import MosesTokenizerConfig
 from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPEConfig
 from fairseq.tokenizer import tokenize_line
@@ -91,13 +95,55 @@ def from_pretrained(model_name_or_path, checkpoint_file="checkpoint_best.pt", da
     return ConvS2SHubInterface(cfg, task, loaded["models"])
 
 
+@dataclass
+class LayerAttention:
+    """The attention of a sentence pair: row i is target token i's attention over the source
+    tokens (columns), both as the model sees them (BPE pieces, ending with ``</s>``)."""
+
+    source_tokens: List[str]
+    target_tokens: List[str]
+    layers: Dict[int, torch.Tensor]  # decoder layer number (from 1) -> T x S, the layers that attend
+    average: torch.Tensor  # T x S, their average: what the decoder returns for alignment and <unk>
+
+
 class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
-    """fairseq's hub interface with n-best output and unknown-word replacement."""
+    """fairseq's hub interface with n-best output, unknown-word replacement and the attention
+    of every decoder layer."""
 
     def __init__(self, cfg, task, models):
         super().__init__(cfg, task, models)  # reads the align dict of cfg.generation.replace_unk
         with open_dict(cfg):
             cfg.generation.replace_unk = None  # replaced here, not by the task's generator
+        self.target_tokenizer = self.tokenizer  # for target sentences given as text
+        if cfg.tokenizer is not None and cfg.tokenizer.get("_name") == "moses":
+            self.target_tokenizer = encoders.build_tokenizer(
+                OmegaConf.merge(cfg.tokenizer, {"source_lang": cfg.tokenizer.target_lang}))
+
+    @torch.no_grad()
+    def layer_attention(self, source: str, target: Optional[str] = None, beam: int = 5) -> LayerAttention:
+        """Each decoder layer's attention for a raw ``source`` sentence and either a raw
+        ``target`` (forced decoding) or, without one, the model's own best translation (beam
+        search). With an ensemble, the first model's."""
+        source_text = self.apply_bpe(self.tokenize(source))
+        src_tokens = self.binarize(source_text)
+        if target is None:
+            tgt_tokens = self.generate([src_tokens], beam=beam)[0][0]["tokens"].cpu()
+            target_words = [self.tgt_dict[t] for t in tgt_tokens.tolist()]
+        else:
+            target_text = self.apply_bpe(self.target_tokenizer.encode(target) if self.target_tokenizer else target)
+            tgt_tokens = self.tgt_dict.encode_line(target_text, add_if_not_exist=False).long()
+            target_words = target_text.split() + [self.tgt_dict.eos_word]  # its words, also the unknown ones
+        prev_output_tokens = torch.cat([tgt_tokens.new_tensor([self.tgt_dict.eos()]), tgt_tokens[:-1]])
+        model = self.models[0]
+        encoder_out = model.encoder(src_tokens[None].to(self.device),
+                                    src_lengths=torch.tensor([src_tokens.numel()], device=self.device))
+        _, extra = model.decoder(prev_output_tokens[None].to(self.device), encoder_out, return_all_attention=True)
+        return LayerAttention(
+            source_tokens=source_text.split() + [self.src_dict.eos_word],
+            target_tokens=target_words,
+            layers={number: a[0].float().cpu() for number, a in zip(model.decoder.attending_layers, extra["layer_attn"])},
+            average=extra["attn"][0][0].float().cpu(),
+        )
 
     def sample(self, sentences: Union[str, List[str]], beam: int = 1, verbose: bool = False, nbest: int = 1,
                replace_unk: Optional[str] = None, **kwargs):

@@ -2,6 +2,8 @@
 convs2s-prepare and checkpoints written by fairseq-train (Multi30k en-de)."""
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -111,3 +113,74 @@ def test_unknown_word_replacement_through_the_hub(word_model, tmp_path, task):
     assert loaded_with_dict.translate(sentence, beam=5).split() == translated
     with pytest.raises(ValueError, match="source text"):
         hub.generate([hub.encode(sentence)], beam=5, replace_unk="")
+
+
+def test_layer_attention_is_each_decoder_layers_attention(bpe_model):
+    """The per-layer matrices are what each attention module computes in the model's forward
+    pass, and their average is the attention the decoder returns in beam search (what
+    --print-alignment and unknown-word replacement read)."""
+    prepared, checkpoints = bpe_model
+    hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared)
+    source, target = "Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."
+    attention = hub.layer_attention(source, target)
+    assert attention.source_tokens == hub.apply_bpe(hub.tokenize(source)).split() + ["</s>"]
+    assert attention.target_tokens == hub.apply_bpe("Zwei Hunde spielen im Schnee .").split() + ["</s>"]
+    shape = (len(attention.target_tokens), len(attention.source_tokens))
+    assert list(attention.layers) == [1, 2] and all(a.shape == shape for a in attention.layers.values())
+    assert torch.allclose(attention.average, sum(attention.layers.values()) / 2)
+
+    model = hub.models[0]
+    seen = {}
+    hooks = [module.register_forward_hook(lambda m, i, out, n=n: seen.__setitem__(n, out[1][0].clone()))
+             for n, module in enumerate(model.decoder.attention, 1)]
+    src = hub.encode(source)
+    tgt = hub.tgt_dict.encode_line(hub.apply_bpe(hub.target_tokenizer.encode(target)), add_if_not_exist=False).long()
+    with torch.no_grad():
+        model(src[None], torch.tensor([src.numel()]), torch.cat([tgt[-1:], tgt[:-1]])[None])
+    for hook in hooks:
+        hook.remove()
+    for n, matrix in attention.layers.items():
+        assert torch.allclose(matrix, seen[n])
+
+    own = hub.layer_attention(source)  # the model's own translation, by beam search
+    with hub._attention(True):
+        best = hub.generate([src], beam=5)[0][0]
+    assert own.target_tokens == [hub.tgt_dict[t] for t in best["tokens"].tolist()]
+    assert torch.allclose(own.average, best["attention"].t(), atol=1e-5)
+
+
+def test_plot_attention_draws_each_layer_and_the_average(bpe_model, tmp_path):
+    from matplotlib.image import imread
+
+    from fairseq_convs2s_ext.cli.plot_attention import plot_attention
+
+    prepared, checkpoints = bpe_model
+    hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared)
+    attention = hub.layer_attention("A man rides a bike.", "Ein Mann fährt Fahrrad.")
+    figures = plot_attention(attention, tmp_path / "plots")
+    expected = {"layer1": attention.layers[1], "layer2": attention.layers[2], "average": attention.average}
+    assert sorted(figures) == sorted(str(tmp_path / "plots" / f"{name}.png") for name in expected)
+    for name, matrix in expected.items():
+        path = str(tmp_path / "plots" / f"{name}.png")
+        axes = figures[path].axes[0]
+        assert (axes.images[0].get_array() == matrix.numpy()).all()
+        assert [t.get_text() for t in axes.get_xticklabels()] == attention.source_tokens
+        assert [t.get_text() for t in axes.get_yticklabels()] == attention.target_tokens
+        assert imread(path).shape[2] == 4  # a real PNG, RGBA
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["average.png", "layer1.png", "layer2.png"]
+
+
+def test_plot_attention_command(bpe_model, tmp_path):
+    prepared, checkpoints = bpe_model
+    out = tmp_path / "attention"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_convs2s_ext.cli.plot_attention", "--path", checkpoints / "checkpoint_best.pt",
+         "--data", prepared, "--source", "Two dogs play in the snow.", "-o", out],
+        cwd=ROOT, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(proc.stdout.split()) == sorted(str(out / f"{n}.png") for n in ("average", "layer1", "layer2"))
+    missing = subprocess.run(
+        [sys.executable, "-m", "fairseq_convs2s_ext.cli.plot_attention", "--path", tmp_path / "none.pt",
+         "--data", prepared, "--source", "x"], cwd=ROOT, text=True, capture_output=True)
+    assert missing.returncode != 0 and "none.pt: no such checkpoint file" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -1,0 +1,1 @@
+"""The plugin's console commands (setup.py's entry points)."""
