@@ -35,6 +35,7 @@ setup(
             "convs2s-recipe = recipes.run:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
+            "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",
         ]
     },
 )
