@@ -48,7 +48,7 @@ def average_checkpoints(paths):
 
 def parser():
     p = argparse.ArgumentParser(
-        prog="convs2s-average-checkpoints", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="convs2s-average-checkpoints",
         description="Average the model weights of several fairseq checkpoints (loaded safely, "
                     "written atomically).")
     p.add_argument("--inputs", nargs="+", required=True,

@@ -57,15 +57,15 @@ def plot_attention(attention, out_dir):
 
 def parser():
     p = argparse.ArgumentParser(
-        prog="convs2s-plot-attention", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="convs2s-plot-attention",
         description="Draw the attention of every ConvS2S decoder layer, and their average, for one "
                     "sentence pair: a PNG heatmap each, source tokens on the x axis, target tokens on the y axis.")
     p.add_argument("--path", required=True, help="checkpoint file (fairseq-train's checkpoint_best.pt, ...)")
     p.add_argument("--data", required=True, help="the folder convs2s-prepare wrote, or its bin/ (dictionaries, BPE codes)")
     p.add_argument("--source", required=True, help="source sentence, raw text")
     p.add_argument("--target", help="target sentence, raw text (forced decoding); default: the model's own translation")
-    p.add_argument("--beam", type=int, default=5, help="beam size for the model's own translation")
-    p.add_argument("-o", "--output-dir", default="attention", help="folder for layerN.png and average.png")
+    p.add_argument("--beam", type=int, default=5, help="beam size for the model's own translation (default: %(default)s)")
+    p.add_argument("-o", "--output-dir", default="attention", help="folder for layerN.png and average.png (default: %(default)s)")
     return p
 
 
