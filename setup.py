@@ -18,6 +18,7 @@ setup(
         "sacremoses>=0.0.53",
         "hydra-core>=1.3",
         "matplotlib>=3.5",  # convs2s-plot-attention
+        "tensorboardX>=2.0",  # fairseq's --tensorboard-logdir (and its "Please install tensorboardX" at import)
     ],
     extras_require={
         "test": ["pytest>=7"],
