@@ -24,14 +24,16 @@ written atomically: OUT.pt either appears complete or not at all.
 import argparse
 import copy
 import os
+import pickle
 import sys
+import zipfile
 from collections.abc import Mapping
 from types import SimpleNamespace
 
 import torch
 from preprocess.atomic import atomic_outputs
 
-from .checkpoint_safety import CheckpointError, load_checkpoint
+from .checkpoint_safety import allow_fairseq_checkpoints
 from .modules import parse_attention, parse_layers
 
 # What fairseq's Dictionary uses; position tables are sized around it.
@@ -42,8 +44,35 @@ MODEL_OPTIONS = (
 )
 
 
-class ImportFconvError(CheckpointError):
+class ImportFconvError(ValueError):
     """The input cannot be imported; the message names the file and says why."""
+
+
+def load_checkpoint(path):
+    """Read a checkpoint with torch's safe unpickler (no code in the file can run)."""
+    allow_fairseq_checkpoints()
+    if not os.path.isfile(path):
+        raise ImportFconvError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(3)
+    if magic == b"BZh":
+        raise ImportFconvError(
+            f"{path}: a bzip2 archive, not a checkpoint: extract it (tar xjf) and pass the model .pt inside"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "global" in str(e).lower():
+            raise ImportFconvError(
+                f"{path}: refused by torch's safe unpickler, as it holds objects other than "
+                f"tensors and fairseq's configuration: {str(e).splitlines()[0]}"
+            ) from None
+        raise ImportFconvError(f"{path}: not a PyTorch checkpoint, or a corrupt one ({e})") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError, IndexError) as e:
+        raise ImportFconvError(f"{path}: not a PyTorch checkpoint, or a corrupt one ({type(e).__name__}: {e})") from None
+    if not isinstance(state, Mapping) or not isinstance(state.get("model"), Mapping):
+        raise ImportFconvError(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return dict(state)
 
 
 def model_config(state, path):
@@ -233,7 +262,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         state = import_fconv(args.input, args.output)
-    except CheckpointError as e:
+    except ImportFconvError as e:
         print(f"convs2s-import-fconv: error: {e}", file=sys.stderr)
         return 1
     model = state["args"] if state.get("args") is not None else state["cfg"]["model"]

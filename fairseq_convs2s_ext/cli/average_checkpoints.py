@@ -7,7 +7,8 @@ The average fairseq's ``scripts/average_checkpoints.py`` computes, which the fai
 does not install, and which loads checkpoints with torch's ``weights_only`` unpickler without
 the configuration classes fairseq stores in them (it fails on ``argparse.Namespace``). Here
 the checkpoints load under that unpickler with the plugin's allowed classes
-(:mod:`..checkpoint_safety`). As in fairseq's script, every other entry of the output
+(:mod:`..checkpoint_safety`), through convs2s-import-fconv's ``load_checkpoint``, which
+names the file and the problem when one cannot be read. As in fairseq's script, every other entry of the output
 (configuration, optimizer state, training progress) is the first checkpoint's, and integer
 buffers are floor-divided. The output is written atomically.
 """
@@ -32,13 +33,13 @@ def average_checkpoints(paths):
     """The first checkpoint with its model weights replaced by the mean over ``paths``."""
     import torch
 
-    from ..checkpoint_safety import CheckpointError, load_checkpoint
+    from ..import_fconv import load_checkpoint
 
     states = [load_checkpoint(path) for path in paths]
     keys = list(states[0]["model"])
     for path, state in zip(paths[1:], states[1:]):
         if list(state["model"]) != keys:
-            raise CheckpointError(f"{path}: its parameters are not those of {paths[0]}: not the same model")
+            raise ValueError(f"{path}: its parameters are not those of {paths[0]}: not the same model")
     averaged = {}
     for key in keys:
         total = torch.stack([state["model"][key] for state in states]).sum(dim=0)
@@ -76,7 +77,7 @@ def main(argv=None):
         else:
             paths = args.inputs
         state = average_checkpoints(paths)
-    except ValueError as e:  # CheckpointError too
+    except ValueError as e:  # load_checkpoint's ImportFconvError too
         print(f"convs2s-average-checkpoints: error: {e}", file=sys.stderr)
         return 1
     import torch
