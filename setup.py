@@ -24,6 +24,8 @@ setup(
         # install the fast_align binary.
         'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
         'and python_version < "3.12"',
+        "matplotlib>=3.5",  # convs2s-plot-attention
+        "tensorboardX>=2.0",  # fairseq's --tensorboard-logdir (and its "Please install tensorboardX" at import)
     ],
     extras_require={
         "test": ["pytest>=7"],
@@ -41,6 +43,8 @@ setup(
             "convs2s-postprocess = preprocess.postprocess:main",
             "convs2s-recipe = recipes.run:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
+            "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
+            "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",
         ]
     },
 )

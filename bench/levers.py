@@ -21,7 +21,6 @@ pass counts. Prints one row per variant with its speed relative to ``all levers`
 import argparse
 import contextlib
 import math
-import sys
 import types
 from pathlib import Path
 

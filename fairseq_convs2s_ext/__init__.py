@@ -16,3 +16,6 @@ install_excepthook()
 register_base_config()
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
+from .models import ConvS2SModel  # noqa: E402
+
+__all__ = ["ConvS2SModel"]

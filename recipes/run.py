@@ -18,18 +18,17 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from hydra.errors import HydraException
-
 from preprocess.atomic import atomic_outputs
 from preprocess.bpe import remove_bpe
 from preprocess.errors import PreprocessError
-from preprocess.pipeline import prepare
 from preprocess.romanian import normalize_romanian_line
 from preprocess.textio import read_lines
-from preprocess.tokenize import detokenize
 
 from . import corpora, score
 from .download import DownloadError
+
+# Imported where used, so that `convs2s-recipe --help` answers at once: preprocess.pipeline and
+# preprocess.tokenize (sacremoses), hydra, fairseq.
 
 logger = logging.getLogger("convs2s-recipe")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,6 +82,8 @@ def prepare_data(recipe, data_dir, work, backtranslation=True):
     os.makedirs(work, exist_ok=True)
     experiment, train_prefix, valid_prefix, test_prefix = fetch_data(recipe, data_dir, work, backtranslation)
     prepared = os.path.join(work, "prepared")
+    from preprocess.pipeline import prepare  # not at the top: --help stays fast
+
     data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
                        romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
                        nwords=recipe.nwords, workers=os.cpu_count() or 1)
@@ -150,6 +151,8 @@ def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
     words = [remove_bpe(h) if recipe.bpe_merges else h for h in hypotheses]
     if recipe.metric == "rouge":
         return {"rouge": score.rouge(words, raw_refs)}, words
+    from preprocess.tokenize import detokenize
+
     detok = [detokenize(h, tgt) for h in words]
     if recipe.romanian and tgt == "ro":  # the model writes Romanian without diacritics
         raw_refs = [normalize_romanian_line(r) for r in raw_refs]
@@ -199,18 +202,28 @@ def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
     return results
 
 
+def parser():
+    p = argparse.ArgumentParser(prog="convs2s-recipe", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=sorted(RECIPES), metavar="NAME",
+                   help=f"the recipe: {', '.join(sorted(RECIPES))}")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="hydra overrides of the recipe's config (recipes/configs/recipe/NAME.yaml)")
+    p.add_argument("--data", default=corpora.data_root(),
+                   help="corpus cache/mirror folder (env CONVS2S_DATA); missing corpora are downloaded into it "
+                        "(default: %(default)s)")
+    p.add_argument("--work", help="work folder (default: work/NAME in the checkout)")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny model, few updates, small local data; recipes with a smoke mode: {', '.join(SMOKE)}")
+    p.add_argument("--no-backtranslation", action="store_true",
+                   help="wmt16-en-ro: train on the bitext only, without Sennrich et al.'s back-translated news")
+    return p
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="convs2s-recipe", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("name", choices=sorted(RECIPES))
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="hydra overrides of the recipe's config")
-    parser.add_argument("--data", default=corpora.data_root(),
-                        help="corpus cache/mirror folder (env CONVS2S_DATA); missing corpora are downloaded into it")
-    parser.add_argument("--work", help="work folder (default: work/NAME in the checkout)")
-    parser.add_argument("--smoke", action="store_true", help="tiny model, few updates, small local data")
-    parser.add_argument("--no-backtranslation", action="store_true",
-                        help="wmt16-en-ro: train on the bitext only, without Sennrich et al.'s back-translated news")
-    args = parser.parse_intermixed_args(argv)
+    args = parser().parse_intermixed_args(argv)
+    from hydra.errors import HydraException
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
     suffix = ("-smoke" if args.smoke else "") + ("-no-bt" if args.no_backtranslation else "")
     work = args.work or os.path.join(ROOT, "work", args.name + suffix)

@@ -1,6 +1,8 @@
 """The model's dataclass config: fairseq-hydra-train with the recipes' YAML, hydra overrides
 without ``+``, the architectures as named defaults, and the old command line and checkpoints."""
 import argparse
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -126,3 +128,21 @@ def test_checkpoint_with_the_old_argparse_model_config_loads(tmp_path):
         loaded.load_state_dict(state["model"])
         for key, value in model.state_dict().items():
             assert torch.equal(loaded.state_dict()[key], value), (name, key)
+
+
+def test_recipe_training_shows_no_hydra_deprecation_warnings_and_logs_to_tensorboard(data_bin, tmp_path):
+    """What `make demo` prints while it trains: fairseq's progress, without hydra's pages of
+    deprecation warnings (version_base, schema matching, working-directory change) or
+    fairseq's "Please install tensorboardX"; --tensorboard-logdir works."""
+    overrides = ["model=convs2s_tiny", "optimization.max_update=2", "dataset.max_tokens=500",
+                 f"common.tensorboard_logdir={tmp_path / 'tensorboard'}"]
+    code = ("import logging, sys\nfrom recipes import run\nlogging.basicConfig(level=logging.INFO)\n"
+            f"run.train(run.RECIPES['multi30k-demo'], {str(data_bin)!r}, {str(tmp_path)!r}, {overrides!r})")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "num_updates 2" in log
+    for noise in ("version_base", "ConfigStore schema", "working directory", "Please install tensorboardX"):
+        assert noise not in log, noise
+    assert (tmp_path / "checkpoints" / "checkpoint_last.pt").exists()
+    assert list((tmp_path / "tensorboard" / "train").glob("events.out.tfevents.*"))

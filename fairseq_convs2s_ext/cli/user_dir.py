@@ -3,10 +3,16 @@
 With the package installed, ``fairseq-train --user-dir "$(convs2s-user-dir)" ...`` works
 from any directory.
 """
+import argparse
 import os
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(
+        prog="convs2s-user-dir",
+        description="Print the folder of the ConvS2S plugin, for fairseq's --user-dir: "
+                    'fairseq-train --user-dir "$(convs2s-user-dir)" ... works from any directory.',
+    ).parse_args(argv)
     print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package, above cli/
 
 

@@ -32,9 +32,10 @@ unknowns are replaced:
   remaining pieces follow the replacement as a word of their own.
 Other segmentations (sentencepiece) are taken as words, piece by piece.
 
-The replacement words are added to the target dictionary when they are not in it, because
-fairseq prints hypotheses through it (``tgt_dict.string``); fairseq-generate adds them itself
-when it scores. The model's output layer is unaffected, but a generator built later on the
+The generator wrapper adds the replacement words to the target dictionary when they are not
+in it, because fairseq prints hypotheses through it (``tgt_dict.string``); fairseq-generate
+adds them itself when it scores. (The hub interface decodes them directly instead, see
+:mod:`..models.hub_interface`.) The model's output layer is unaffected, but a generator built later on the
 same dictionary would take its grown length for the model's vocabulary: build generators
 before translating, as fairseq's commands do.
 """
@@ -110,6 +111,26 @@ def replace_unknowns(hypothesis: Sequence[str], attention: torch.Tensor, source:
     return output
 
 
+def hypothesis_words(hypo, word_positions: torch.Tensor, source: Sequence[str], tgt_dict,
+                     align_dict: Dict[str, str]) -> List[str]:
+    """The tokens of a generated hypothesis as words, each whole-word ``<unk>`` replaced.
+
+    ``hypo["attention"]`` is S x T over a batch's source positions, of which
+    ``word_positions`` hold this sentence's source tokens ``source`` (the end of sentence and
+    padding excluded).
+    """
+    attention = hypo.get("attention")
+    if attention is None or attention.numel() == 0:
+        raise RuntimeError(
+            "unknown-word replacement needs the decoder's attention, and the model returned "
+            "none; models that compute it only on request get it with --print-alignment"
+        )
+    # S x T over the padded batch -> T x W over this sentence's words.
+    word_attention = attention.index_select(0, word_positions.to(attention.device)).t().float()
+    hypothesis = [tgt_dict[t] for t in hypo["tokens"].tolist()]
+    return replace_unknowns(hypothesis, word_attention, source, align_dict, tgt_dict.unk_word)
+
+
 class UnknownWordReplacer:
     """A fairseq generator whose hypotheses come out with their unknown words replaced.
 
@@ -149,17 +170,7 @@ class UnknownWordReplacer:
         unknowns = tokens.eq(self.tgt_dict.unk()).nonzero().squeeze(1).tolist()
         if not unknowns:
             return tokens
-        attention = hypo.get("attention")
-        if attention is None or attention.numel() == 0:
-            raise RuntimeError(
-                "unknown-word replacement needs the decoder's attention, and the model returned "
-                "none; models that compute it only on request get it with --print-alignment"
-            )
-        # S x T over the padded batch -> T x W over this sentence's words.
-        word_attention = attention.index_select(0, word_positions.to(attention.device)).t().float()
-        hypothesis = [self.tgt_dict[t] for t in tokens.tolist()]
-        replaced = replace_unknowns(hypothesis, word_attention, source, self.align_dict,
-                                    self.tgt_dict.unk_word)
+        replaced = hypothesis_words(hypo, word_positions, source, self.tgt_dict, self.align_dict)
         tokens = tokens.clone()
         for i in unknowns:
             tokens[i] = self._index(replaced[i])

@@ -81,6 +81,16 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out, candidates=candidates)
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A hub interface that translates raw sentences (see :mod:`.hub_interface`):
+        the checkpoint ``model_name_or_path/checkpoint_file`` (``a.pt:b.pt``: an ensemble), the
+        dictionaries, BPE codes and tokenizer of the prepared folder ``data_name_or_path``."""
+        from .hub_interface import from_pretrained
+
+        return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
     def make_generation_fast_(self, **kwargs):
         """Fold weight normalization into plain weights: generation needs no g and v."""
         super().make_generation_fast_(**kwargs)

@@ -54,13 +54,16 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         else:
             self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
 
-    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None, **unused):
-        """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]};
-        with ``candidates`` (sorted target ids, vocabulary selection), logits over those
-        words only (B x T x len(candidates))."""
+    def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None,
+                return_all_attention=False, **unused):
+        """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}, the
+        attention averaged over the layers that attend. With ``candidates`` (sorted target ids,
+        vocabulary selection), logits over those words only (B x T x len(candidates)).
+        ``return_all_attention`` (off in generation) adds {"layer_attn": [B x T x S]}, each
+        attending layer's own, in order."""
         g = self.embed(prev_output_tokens, incremental_state)
         x = self.fc1(g)
-        attention_sum = None
+        attention_sum, layer_attention = None, []
         for residual_projection, convolution, attention in zip(
             self.residual_projections, self.convolutions, self.attention
         ):
@@ -68,12 +71,22 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             x = convolution(self.dropout(x), incremental_state)
             if attention is not None:
                 x, a = attention(x, g, encoder_out)
-                if self.need_attn:
+                if self.need_attn or return_all_attention:
                     attention_sum = a if attention_sum is None else attention_sum + a
+                if return_all_attention:
+                    layer_attention.append(a)
             x = scaled_sum(x, residual)
         logits = self.output_layer(self.dropout(self.fc2(x)), candidates)
         average = None if attention_sum is None else attention_sum / self.num_attention_layers
-        return logits, {"attn": [average]}
+        extra = {"attn": [average]}
+        if return_all_attention:
+            extra["layer_attn"] = layer_attention
+        return logits, extra
+
+    @property
+    def attending_layers(self):
+        """The numbers (from 1) of the decoder layers that have an attention."""
+        return [number for number, attention in enumerate(self.attention, 1) if attention is not None]
 
     def output_layer(self, features, candidates=None):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary

@@ -1,0 +1,60 @@
+"""Every console script of setup.py answers --help with its options, each with a help text;
+those outside the plugin package answer without importing fairseq or torch."""
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPTS = dict(re.findall(r'"([\w-]+) = ([\w.]+:\w+)"', (ROOT / "setup.py").read_text()))
+# preprocess/pipeline.py, left to the lead: its -s and -t have no help text yet.
+KNOWN_MISSING_HELP = {"convs2s-prepare"}
+
+
+def help_of(entry_point):
+    """Run the entry point as its console script would, with --help; report what it imported."""
+    module, function = entry_point.split(":")
+    code = (f"import sys\nfrom {module} import {function}\nsys.argv[1:] = ['--help']\n"
+            f"try:\n    {function}()\nexcept SystemExit as e:\n    status = e.code or 0\n"
+            "print('IMPORTED', 'torch' in sys.modules, 'fairseq' in sys.modules)\nsys.exit(status)")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, capture_output=True)
+
+
+def options_without_help(text):
+    """The option lines of an argparse --help text that have no help after them."""
+    lines = text.splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^  -", line) or line.strip().startswith("-h, --help"):
+            continue
+        has_text = re.match(r"^  \S.*?\s{2,}\S", line)
+        continued = i + 1 < len(lines) and re.match(r"^ {10,}\S", lines[i + 1])
+        if not has_text and not continued:
+            missing.append(line.strip())
+    return missing
+
+
+def test_setup_lists_the_console_scripts():
+    assert {"convs2s-user-dir", "convs2s-prepare", "convs2s-recipe", "convs2s-plot-attention",
+            "convs2s-average-checkpoints", "convs2s-import-fconv"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_help_lists_every_option_with_its_help(name):
+    proc = help_of(SCRIPTS[name])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text, imported = proc.stdout.rsplit("IMPORTED", 1)
+    assert text.startswith(f"usage: {name}") and "-h, --help" in text
+    if name in KNOWN_MISSING_HELP and options_without_help(text):
+        pytest.xfail(f"{name}: {options_without_help(text)} have no help yet")
+    assert options_without_help(text) == []
+    if not SCRIPTS[name].startswith("fairseq_convs2s_ext."):  # the plugin package registers with fairseq
+        assert imported.split() == ["False", "False"], f"{name} --help imported torch or fairseq"
+
+
+def test_recipe_help_names_the_recipes_with_a_smoke_mode():
+    text = help_of(SCRIPTS["convs2s-recipe"]).stdout
+    assert re.search(r"recipes\s+with a smoke mode: wmt16-en-ro", text)
+    assert all(name in text for name in ("gigaword", "multi30k-demo", "wmt14-en-de", "wmt14-en-fr", "wmt16-en-ro"))

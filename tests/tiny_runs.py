@@ -1,0 +1,31 @@
+"""Real folders for end-to-end tests: a few hundred Multi30k lines prepared with
+convs2s-prepare, and a tiny ConvS2S trained on them for a few updates with fairseq-train."""
+from cli_helpers import run, write_lines
+
+SPLITS = {"train": ("train", 300), "valid": ("val", 30), "test": ("test_2016_flickr", 20)}
+
+
+def raw_multi30k(data_dir, work):
+    """The first lines of Multi30k en-de's splits, as raw text (prefix work/raw/SPLIT)."""
+    (work / "raw").mkdir(parents=True, exist_ok=True)
+    for split, (name, count) in SPLITS.items():
+        for lang in ("en", "de"):
+            lines = (data_dir / "multi30k" / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            write_lines(work / "raw" / f"{split}.{lang}", lines)
+    return work / "raw"
+
+
+def prepare(data_dir, work, *options):
+    """convs2s-prepare on raw_multi30k's text; returns the prepared folder."""
+    raw = raw_multi30k(data_dir, work)
+    run("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", raw / "train", "--validpref", raw / "valid",
+        "--testpref", raw / "test", "-o", work / "prepared", "--workers", "1", *options)
+    return work / "prepared"
+
+
+def train(data_bin, save_dir, *extra):
+    """convs2s_tiny trained by fairseq-train (default: 10 updates)."""
+    return run("fairseq-train", data_bin, "--user-dir", "fairseq_convs2s_ext", "--arch", "convs2s_tiny",
+               "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
+               "--criterion", "convs2s_cross_entropy", "--max-tokens", "1000", "--save-dir", save_dir,
+               "--no-progress-bar", "--seed", "1", "--num-workers", "0", *(extra or ("--max-update", "10")))
