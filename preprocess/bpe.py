@@ -6,9 +6,12 @@ WMT16 ``preprocess.sh`` (``cat train.SRC train.TGT | learn_bpe.py -s N``), and a
 every file with the ``@@ `` continuation marker. :func:`remove_bpe` undoes it on output,
 like ``sed -r 's/(@@ )|(@@ ?$)//g'``.
 """
+import contextlib
 import functools
+import io
 import itertools
 import re
+import sys
 from typing import Sequence
 
 from subword_nmt.apply_bpe import BPE
@@ -23,9 +26,14 @@ _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
                     merges: int = DEFAULT_MERGES) -> None:
-    """Learn ``merges`` BPE operations on the concatenation of ``train_paths``."""
+    """Learn ``merges`` BPE operations on the concatenation of ``train_paths``.
+
+    subword-nmt draws a tqdm progress bar on stderr; written to a log file, its carriage
+    returns make one unreadable line of thousands of updates, so it is drawn on a terminal
+    only (the pipeline logs the step itself)."""
     lines = itertools.chain.from_iterable(read_lines(path) for path in train_paths)
-    with open(codes_path, "w", encoding="utf-8") as codes:
+    bar = contextlib.nullcontext() if sys.stderr.isatty() else contextlib.redirect_stderr(io.StringIO())
+    with open(codes_path, "w", encoding="utf-8") as codes, bar:
         learn_bpe(lines, codes, merges)
 
 

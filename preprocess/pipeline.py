@@ -153,6 +153,11 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     })
     logger.info("done: binarized data in %s; tokenized training text for "
                 "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
+    raw_text = ["--tokenizer", "moses", "--moses-no-escape", "-s", src_lang, "-t", tgt_lang]
+    if bpe_merges:
+        raw_text += ["--bpe", "subword_nmt", "--bpe-codes", os.path.join(outdir, "bpe", "codes")]
+    logger.info("to translate untokenized text with a model trained on it: fairseq-interactive %s "
+                "--user-dir fairseq_convs2s_ext --path CHECKPOINT %s", bindir, " ".join(raw_text))
     return bindir
 
 

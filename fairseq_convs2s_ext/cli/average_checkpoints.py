@@ -80,12 +80,9 @@ def main(argv=None):
     except ValueError as e:  # load_checkpoint's ImportFconvError too
         print(f"convs2s-average-checkpoints: error: {e}", file=sys.stderr)
         return 1
-    import torch
+    from fairseq.checkpoint_utils import torch_persistent_save
 
-    from preprocess.atomic import atomic_outputs
-
-    with atomic_outputs([args.output]) as (temp,):
-        torch.save(state, temp)
+    torch_persistent_save(state, args.output)  # OUTPUT.tmp renamed: complete or not at all
     print(f"wrote {args.output}: the average of {len(paths)} checkpoints: {' '.join(paths)}")
     return 0
 

@@ -41,16 +41,19 @@ def heatmap(matrix, source_tokens, target_tokens, title):
 
 def plot_attention(attention, out_dir):
     """Write one PNG per attending layer and one of their average; returns {path: figure}."""
-    from preprocess.atomic import atomic_outputs
-
     matrices = {f"layer{n}": (a, f"decoder layer {n}") for n, a in attention.layers.items()}
     matrices["average"] = (attention.average, f"average of layers {', '.join(map(str, attention.layers))}")
     figures = {}
     for name, (matrix, title) in matrices.items():
         path = os.path.join(out_dir, f"{name}.png")
         figure = heatmap(matrix, attention.source_tokens, attention.target_tokens, title)
-        with atomic_outputs([path]) as (temp,):
+        temp = f"{path}.tmp"  # renamed when complete: no half-written picture under the name
+        try:
             figure.savefig(temp, format="png", dpi=100)
+            os.replace(temp, path)
+        finally:
+            if os.path.exists(temp):
+                os.remove(temp)
         figures[path] = figure
     return figures
 
