@@ -7,7 +7,7 @@ from fconv with convs2s-import-fconv's conversion.
 
 1. Training: the same batches, initial weights, loss and optimizer (each model with its
    criterion: fairseq's label_smoothed_cross_entropy for fconv, convs2s_cross_entropy for
-   ours, both with smoothing 0.1); the models take turns update by update. Target tokens per second, loss curves side by side, and the
+   ours, both with the demo recipe's smoothing); the models take turns update by update. Target tokens per second, loss curves side by side, and the
    validation loss after the last update.
 2. Generation on test_2016_flickr with fairseq's SequenceGenerator (beam 5 and 1,
    batches of 128, every sentence): sentences and tokens per second, whether the
@@ -35,7 +35,7 @@ from bench.generation import GenerationRun, generation_batches, generation_optio
 from bench.machine import matmul_gflops
 from bench.models import convs2s_criterion, convs2s_like, fconv_copy, load_fconv, new_fconv, translation_task
 from bench.reference import reference_checkpoint
-from bench.training import TrainingRun, train_side_by_side, training_batches
+from bench.training import SETTINGS, TrainingRun, train_side_by_side, training_batches
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few updates and sentences: a smoke test in minutes")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
-    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--dropout", type=float, default=SETTINGS.model.dropout, help="default: the demo recipe's")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=2, help="torch threads (CPU)")
     p.add_argument("--low-precision", default=None, choices=["bf16", "fp16", "none"],

@@ -7,10 +7,12 @@ import subprocess
 import tarfile
 
 import pytest
+from omegaconf import OmegaConf
 
-from conftest import ROOT
+from conftest import BIN, ROOT
 from recipes import corpora, score
 from recipes.download import DownloadError
+from recipes.settings import OPTIMIZATION, fairseq_options, training_config
 
 
 def make(target, work, *args, data_dir):
@@ -44,6 +46,35 @@ def test_shortened_demo(tmp_path, data_dir):
     assert hypothesis_ids(work / "generate-test.txt") == list(range(1000))  # all of test_2016_flickr
     assert re.search(r"sacrebleu: BLEU = [\d.]+ ", log)
     assert "signature: nrefs:1" in log and "## Examples" in log
+
+
+def test_training_settings_are_what_fairseq_hydra_train_composes():
+    """training_config reads the YAML files without hydra; its settings are the ones hydra composes
+    for a recipe (multi30k_demo on paper)."""
+    proc = subprocess.run(
+        [str(BIN / "fairseq-hydra-train"), "--config-dir", str(ROOT / "recipes" / "configs"),
+         "--config-name", "recipe/multi30k_demo", "task.data=unused", "checkpoint.save_dir=unused", "--cfg", "job"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    composed, config = OmegaConf.create(proc.stdout), training_config("multi30k_demo")
+    for group, key in OPTIMIZATION:
+        assert OmegaConf.select(config, f"{group}.{key}") == OmegaConf.select(composed, f"{group}.{key}"), (group, key)
+    assert config.criterion.label_smoothing == 0.1 and config.model.dropout == 0.2  # the demo's, over paper.yaml's
+
+
+def test_fairseq_options_give_fairseq_train_the_settings():
+    """The options the tests and the benchmark's reference pass to fairseq-train set exactly the
+    config's values (names and types as fairseq's parser reads them)."""
+    from fairseq import options
+
+    config = training_config("multi30k_demo")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "unused", "--user-dir", str(ROOT / "fairseq_convs2s_ext"), "--arch", "convs2s_tiny",
+        "--criterion", "convs2s_cross_entropy", *fairseq_options(config)])
+    for group, key in OPTIMIZATION:  # fairseq's argument is the key, or the group for its _name
+        value = OmegaConf.select(config, f"{group}.{key}")
+        assert getattr(args, group if key == "_name" else key) == (list(value) if OmegaConf.is_list(value) else value)
+    assert args.optimizer == "nag" and args.lr == [0.25] and args.dropout == 0.2
 
 
 def test_scoring_refuses_missing_hypotheses():
