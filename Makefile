@@ -19,7 +19,7 @@ ARGS ?=
 RECIPE = $(PY) -m recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
 .PHONY: install test test-slow demo clean \
-	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword
+	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword recipe-multi30k-unk
 
 # A virtual environment inside the checkout, built from nothing. torch is installed first
 # and pinned through PIP_CONSTRAINT, which pip also hands to fairseq's isolated build
@@ -58,6 +58,9 @@ recipe-wmt14-en-fr: install
 recipe-gigaword: install
 	$(RECIPE) gigaword $(ARGS)
 
+# Unknown-word replacement: the demo's model at word level, sacreBLEU without and with --replace-unk.
+recipe-multi30k-unk: install
+	$(RECIPE) multi30k-unk $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
