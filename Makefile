@@ -6,16 +6,20 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
-# Where corpora are read from, and downloaded to when missing.
-DATA ?= $(abspath ../shared/data)
-export CONVS2S_DATA := $(DATA)
+# Where corpora are read from, and downloaded to when missing: DATA=DIR, passed on to the recipes
+# and tests as CONVS2S_DATA. Without it, recipes.corpora.data_root() decides (CONVS2S_DATA, else
+# shared/data beside the checkout).
+DATA ?=
+ifneq ($(DATA),)
+export CONVS2S_DATA := $(abspath $(DATA))
+endif
 # Work folder of a recipe (default: work/NAME); ARGS: hydra overrides; SMOKE=1: smoke mode.
 WORK ?=
 ARGS ?=
-RECIPE = $(PY) -m recipes.run --data "$(DATA)" $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
+RECIPE = $(PY) -m recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
 .PHONY: install test test-slow demo clean \
-	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword
+	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword recipe-multi30k-unk
 
 # A virtual environment inside the checkout, built from nothing. torch is installed first
 # and pinned through PIP_CONSTRAINT, which pip also hands to fairseq's isolated build
@@ -53,6 +57,10 @@ recipe-wmt14-en-fr: install
 
 recipe-gigaword: install
 	$(RECIPE) gigaword $(ARGS)
+
+# Unknown-word replacement: the demo's model at word level, sacreBLEU without and with --replace-unk.
+recipe-multi30k-unk: install
+	$(RECIPE) multi30k-unk $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

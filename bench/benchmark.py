@@ -7,7 +7,7 @@ from fconv with convs2s-import-fconv's conversion.
 
 1. Training: the same batches, initial weights, loss and optimizer (each model with its
    criterion: fairseq's label_smoothed_cross_entropy for fconv, convs2s_cross_entropy for
-   ours, both with smoothing 0.1); the models take turns update by update. Target tokens per second, loss curves side by side, and the
+   ours, both with the demo recipe's smoothing); the models take turns update by update. Target tokens per second, loss curves side by side, and the
    validation loss after the last update.
 2. Generation on test_2016_flickr with fairseq's SequenceGenerator (beam 5 and 1,
    batches of 128, every sentence): sentences and tokens per second, whether the
@@ -36,7 +36,7 @@ from bench.machine import cpu_description, matmul_gflops, native_bf16
 from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
                           translation_task)
 from bench.reference import reference_checkpoint
-from bench.training import TrainingRun, train_side_by_side, training_batches
+from bench.training import SETTINGS, TrainingRun, train_side_by_side, training_batches
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def parse_args(argv=None):
                    help="generate with freshly initialized identical weights instead of the trained reference, "
                         "every output capped at 1.2 x source + 10 tokens (speed only: no BLEU worth reading)")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
-    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--dropout", type=float, default=SETTINGS.model.dropout, help="default: the demo recipe's")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=2, help="torch threads (CPU)")
     p.add_argument("--low-precision", default=None, choices=["bf16", "fp16", "none"],

@@ -10,6 +10,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 import fairseq_convs2s_ext  # noqa: F401  (registers convs2s)
 from fairseq_convs2s_ext.cli.import_fconv import convert_checkpoint
 
+from .training import SETTINGS
+
 
 def translation_task(data_bin, src="en", tgt="de"):
     cfg = TranslationConfig(data=str(data_bin), source_lang=src, target_lang=tgt, left_pad_source=True,
@@ -49,11 +51,11 @@ def load_fconv(checkpoint, task):
     return model, args
 
 
-def convs2s_criterion(task, label_smoothing=0.1):
+def convs2s_criterion(task):
     """Our criterion: the same label-smoothed loss as fconv's label_smoothed_cross_entropy."""
     from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
 
-    return ConvS2SCrossEntropyCriterion(task, label_smoothing)
+    return ConvS2SCrossEntropyCriterion(task, SETTINGS.criterion.label_smoothing)
 
 
 def convs2s_like(fconv, args, task):

@@ -2,11 +2,15 @@
 
 download -> prepare (tokenize, clean, BPE, binarize) -> train (fairseq-hydra-train's training with
 the recipe's YAML in recipes/configs/recipe, plus any ``key=value`` overrides) -> generate (beam 5,
-length-normalized scores, every test sentence) -> score -> ``report.md`` in the work folder.
-Every step resumes: prepared files are kept, fairseq resumes training from checkpoint_last.
+length-normalized scores, every test sentence) -> score -> ``report.md`` and ``report.json`` in the
+work folder. A word-level recipe with ``replace_unk`` (``multi30k-unk``) also builds the alignment
+dictionary and translates again with ``--replace-unk``, and reports both scores and the
+replacements (see :mod:`recipes.unknown_words`). Every step resumes: prepared files are kept,
+fairseq resumes training from checkpoint_last.
 
-``--smoke`` runs the same recipe with a tiny model and a few updates on small local data
-(en-ro: RO-STS for training, newsdev2016 and newstest2016), to check the whole pipeline.
+``--smoke`` runs the same recipe with a tiny model and a few updates, to check the whole pipeline:
+en-ro on small local data (RO-STS for training, newsdev2016 and newstest2016), multi30k-unk on
+its own data.
 """
 import argparse
 import json
@@ -24,7 +28,7 @@ from preprocess.errors import PreprocessError
 from preprocess.romanian import normalize_romanian_line
 from preprocess.textio import read_lines
 
-from . import corpora, score
+from . import corpora, score, unknown_words
 from .download import DownloadError
 
 # Imported where used, so that `convs2s-recipe --help` answers at once: preprocess.pipeline and
@@ -48,6 +52,8 @@ class Recipe:
     metric: str = "bleu"  # "bleu" (detokenized sacreBLEU), "tokenized-bleu" (and sacreBLEU), "rouge"
     max_len_a: float = 0.0  # generation length limit: a * source length + b
     max_len_b: int = 200
+    joined_dictionary: bool = True  # False: a dictionary a language, each of nwords words
+    replace_unk: bool = False  # also translate with --replace-unk and an alignment dictionary
 
 
 RECIPES = {
@@ -56,9 +62,13 @@ RECIPES = {
     "wmt14-en-fr": Recipe("wmt14-en-fr", "wmt14_en_fr", metric="tokenized-bleu"),
     "gigaword": Recipe("gigaword", "gigaword", bpe_merges=None, ratio=None, nwords=30000, metric="rouge"),
     "multi30k-demo": Recipe("multi30k-en-de", "multi30k_demo", bpe_merges=10000, max_len_a=1.5, max_len_b=10),
+    # Unknown-word replacement (section 4, word-based models): the demo's model at word level,
+    # 4000 words a side, scored without and with --replace-unk.
+    "multi30k-unk": Recipe("multi30k-en-de", "multi30k_unk", bpe_merges=None, nwords=4000, joined_dictionary=False,
+                           max_len_a=1.5, max_len_b=10, replace_unk=True),
 }
 # An untrained tiny model rarely ends a sentence: cap its output at 30 tokens.
-SMOKE = {"wmt16-en-ro": dict(experiment="wmt16-en-ro-smoke", bpe_merges=2000, max_len_b=30)}
+SMOKE = {"wmt16-en-ro": dict(experiment="wmt16-en-ro-smoke", bpe_merges=2000, max_len_b=30), "multi30k-unk": {}}
 SMOKE_OVERRIDES = [
     "model._name=convs2s_tiny", "optimization.max_update=60", "dataset.max_tokens=2000",
     "dataset.batch_size=null", "common.log_interval=20", "checkpoint.no_epoch_checkpoints=true",
@@ -86,7 +96,8 @@ def prepare_data(recipe, data_dir, work, backtranslation=True):
 
     data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
                        romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
-                       nwords=recipe.nwords, workers=os.cpu_count() or 1)
+                       nwords=recipe.nwords, joined_dictionary=recipe.joined_dictionary,
+                       workers=os.cpu_count() or 1)
     return experiment, test_prefix, prepared, data_bin
 
 
@@ -120,16 +131,22 @@ def train(recipe, data_bin, work, overrides):
     return os.path.join(save_dir, "checkpoint_best.pt")
 
 
-def generate(recipe, data_bin, checkpoint, work):
-    """Beam 5 over the whole test set; returns the hypotheses in test-set order."""
-    output = os.path.join(work, "generate-test.txt")
-    if not os.path.exists(output) or os.path.getmtime(output) < os.path.getmtime(checkpoint):
+def generate(recipe, data_bin, checkpoint, work, align_dict=None):
+    """Beam 5 over the whole test set; returns the hypotheses in test-set order.
+
+    With ``align_dict``, unknown words are replaced (``--replace-unk``): the task reads the test
+    text that convs2s-prepare keeps beside the binaries as fairseq's raw text."""
+    output = os.path.join(work, "generate-test-replace-unk.txt" if align_dict else "generate-test.txt")
+    inputs = [checkpoint] + ([align_dict] if align_dict else [])
+    if not os.path.exists(output) or os.path.getmtime(output) < max(map(os.path.getmtime, inputs)):
         command = [
             os.path.join(BIN, "fairseq-generate"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
             "--gen-subset", "test", "--beam", "5", "--lenpen", "1", "--batch-size", "128",
             "--required-batch-size-multiple", "1",
             "--max-len-a", str(recipe.max_len_a), "--max-len-b", str(recipe.max_len_b),
         ]
+        if align_dict:
+            command += ["--task", "convs2s_translation", "--dataset-impl", "raw", "--replace-unk", align_dict]
         logger.info("generating: %s", " ".join(command))
         with atomic_outputs([output]) as (temp,):
             with open(temp, "w", encoding="utf-8") as out:
@@ -153,7 +170,7 @@ def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
         return {"rouge": score.rouge(words, raw_refs)}, words
     from preprocess.tokenize import detokenize
 
-    detok = [detokenize(h, tgt) for h in words]
+    detok = [detokenize(h.replace(unknown_words.UNK, score.UNSCORED_UNK), tgt) for h in words]
     if recipe.romanian and tgt == "ro":  # the model writes Romanian without diacritics
         raw_refs = [normalize_romanian_line(r) for r in raw_refs]
     results = {"sacrebleu": score.bleu(detok, raw_refs)}
@@ -192,9 +209,16 @@ def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
         recipe = replace(recipe, **SMOKE[name])
         overrides = SMOKE_OVERRIDES + overrides
     experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation)
+    align_dict = unknown_words.align_dictionary(prepared, experiment, work) if recipe.replace_unk else None
     checkpoint = train(recipe, data_bin, work, overrides)
     hypotheses, output = generate(recipe, data_bin, checkpoint, work)
     results, outputs = evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output)
+    if align_dict:  # the same translations with their <unk> replaced; the report shows these
+        replaced, output = generate(recipe, data_bin, checkpoint, work, align_dict)
+        replaced_results, outputs = evaluate(recipe, experiment, replaced, test_prefix, prepared, output)
+        results.update({f"{metric}_replace_unk": value for metric, value in replaced_results.items()})
+        results["unknown_words"] = unknown_words.count_replacements(hypotheses, replaced, prepared, experiment,
+                                                                    align_dict)
     sources = list(read_lines(f"{test_prefix}.{experiment.src}"))
     references = list(read_lines(f"{test_prefix}.{experiment.tgt}"))
     report(name + (" (smoke)" if smoke else ""), work, results, sources, outputs, references, overrides,

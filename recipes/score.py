@@ -6,6 +6,11 @@ sentences silently, and a score over a subset would be wrong without anyone noti
 import sacrebleu
 
 
+# A hypothesis's <unk> is scored as this one word, which matches no reference word (as fairseq's
+# --eval-bleu does); detokenized, "<unk>" would be three words for sacreBLEU's tokenizer.
+UNSCORED_UNK = "UNKNOWNTOKENINHYP"
+
+
 class ScoreError(Exception):
     pass
 

@@ -3,6 +3,11 @@ import re
 import subprocess
 
 from conftest import BIN, ROOT
+from recipes.settings import fairseq_options, training_config
+
+# The paper's optimizer, schedule, clipping and loss settings (recipes/configs/paper.yaml), as
+# fairseq-train's options; pass --criterion with them.
+PAPER_OPTIONS = fairseq_options(training_config())
 
 
 def run(tool, *args, cwd=ROOT, check=True, input=None):

@@ -1,12 +1,13 @@
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from recipes.corpora import data_root
+
 ROOT = Path(__file__).resolve().parents[1]
-# Tests read real corpora from the data setting (the Makefile points it at ../shared/data).
-DATA = Path(os.environ.get("CONVS2S_DATA", ROOT.parent / "shared" / "data"))
+# Tests read real corpora from the recipes' data folder (CONVS2S_DATA, the Makefile's DATA=).
+DATA = Path(data_root())
 BIN = Path(sys.executable).parent  # the virtual environment's fairseq-* commands
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 
 import pytest
 
+from conftest import DATA
 from preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
                               aligned_pairs, build_align_dict, candidate_lines, count_links,
                               find_aligner, most_frequent, ranked_candidates, write_aligner_input)
@@ -21,7 +22,6 @@ from preprocess.textio import read_lines
 from preprocess.tokenize import tokenize_file
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("CONVS2S_DATA", REPO.parent / "shared" / "data"))
 MULTI30K = DATA / "multi30k"
 # What the real fast_align binary wrote for Multi30k en-de (see its README): the input
 # corpus, `fast_align -i corpus -d -o -v` (forward.links) and the dictionary from it.

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from cli_helpers import hypotheses, run, valid_losses, write_lines
+from cli_helpers import PAPER_OPTIONS, hypotheses, run, valid_losses, write_lines
 from conftest import BIN, ROOT
 from fairseq_convs2s_ext.tasks.convs2s_translation import cpu_has_native_bf16
 
@@ -36,8 +36,7 @@ def data_bin(tmp_path_factory, data_dir):
 def train(data_bin, save_dir, *extra, cwd=ROOT, user_dir="fairseq_convs2s_ext", task="translation", check=True):
     return run(
         "fairseq-train", data_bin, "--user-dir", user_dir, "--task", task,
-        "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
-        "--criterion", "convs2s_cross_entropy", "--label-smoothing", "0.1",
+        "--criterion", "convs2s_cross_entropy", *PAPER_OPTIONS,
         "--max-tokens", "2000", "--save-dir", save_dir, "--no-progress-bar", "--log-interval", "10",
         "--seed", "1", "--num-workers", "0",
         "--max-source-positions", MAX_POSITIONS, "--max-target-positions", MAX_POSITIONS,

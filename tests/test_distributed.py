@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from cli_helpers import run, write_lines
+from cli_helpers import PAPER_OPTIONS, run, write_lines
 from conftest import ROOT
 
 TRAIN_LINES = 400
@@ -46,8 +46,7 @@ def free_port():
 def train_args(data_bin, save_dir, seed=1):
     return [
         str(data_bin), "--user-dir", "fairseq_convs2s_ext", "--task", "translation", "--arch", "convs2s_tiny",
-        "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
-        "--criterion", "convs2s_cross_entropy", "--label-smoothing", "0.1",
+        "--criterion", "convs2s_cross_entropy", *PAPER_OPTIONS,
         "--max-tokens", "300", "--max-update", str(MAX_UPDATE), "--disable-validation",
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--no-progress-bar", "--log-interval", "1",
         "--seed", str(seed), "--num-workers", "0", "--cpu",

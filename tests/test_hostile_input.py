@@ -3,7 +3,7 @@ a checkpoint with other dictionaries, an over-long or empty input line, a malfor
 --replace-unk file. Each gets a clear answer instead of garbage or a traceback."""
 import pytest
 
-from cli_helpers import hypotheses, run
+from cli_helpers import PAPER_OPTIONS, hypotheses, run
 from conftest import ROOT
 
 USER_DIR = ROOT / "fairseq_convs2s_ext"
@@ -13,8 +13,8 @@ TASK = ["--user-dir", USER_DIR, "--task", "convs2s_translation"]
 @pytest.fixture(scope="module")
 def checkpoint(small_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("tiny")
-    run("fairseq-train", small_bin, *TASK, "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25",
-        "--criterion", "convs2s_cross_entropy", "--max-tokens", "1000", "--max-epoch", "1", "--save-dir", save_dir,
+    run("fairseq-train", small_bin, *TASK, "--arch", "convs2s_tiny", "--criterion", "convs2s_cross_entropy",
+        *PAPER_OPTIONS, "--max-tokens", "1000", "--max-epoch", "1", "--save-dir", save_dir,
         "--no-epoch-checkpoints", "--num-workers", "0", "--no-progress-bar")
     return save_dir / "checkpoint_last.pt"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import DATA
 from preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
 from preprocess.binarize import binarize
 from preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
@@ -26,7 +27,6 @@ from preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normal
                                  tokenize, tokenize_file)
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("CONVS2S_DATA", REPO.parent / "shared" / "data"))
 MULTI30K = DATA / "multi30k"
 RO_STS = DATA / "ro-sts-en-ro"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir() or not RO_STS.is_dir(),

@@ -7,10 +7,12 @@ import subprocess
 import tarfile
 
 import pytest
+from omegaconf import OmegaConf
 
-from conftest import ROOT
+from conftest import BIN, ROOT
 from recipes import corpora, score
 from recipes.download import DownloadError
+from recipes.settings import OPTIMIZATION, fairseq_options, training_config
 
 
 def make(target, work, *args, data_dir):
@@ -44,6 +46,58 @@ def test_shortened_demo(tmp_path, data_dir):
     assert hypothesis_ids(work / "generate-test.txt") == list(range(1000))  # all of test_2016_flickr
     assert re.search(r"sacrebleu: BLEU = [\d.]+ ", log)
     assert "signature: nrefs:1" in log and "## Examples" in log
+
+
+@pytest.mark.slow
+def test_smoke_recipe_multi30k_unk(tmp_path, data_dir):
+    """The unknown-word recipe with a tiny model: word-level Multi30k (4000 words a side), the
+    alignment dictionary, every test sentence translated without and with --replace-unk, both
+    scored, and each <unk> accounted for as a dictionary translation or a copy."""
+    work = tmp_path / "unk"
+    make("recipe-multi30k-unk", work, "SMOKE=1", data_dir=data_dir)
+    plain, replaced = work / "generate-test.txt", work / "generate-test-replace-unk.txt"
+    assert hypothesis_ids(plain) == hypothesis_ids(replaced) == list(range(1000))
+    assert "<unk>" in plain.read_text(encoding="utf-8")
+    assert not re.search(r"^H-.*<unk>", replaced.read_text(encoding="utf-8"), flags=re.M)
+    for lang in ("en", "de"):  # a word vocabulary of its own a side
+        assert len((work / "prepared" / "bin" / f"dict.{lang}.txt").read_text(encoding="utf-8").splitlines()) <= 4000
+    assert (work / "align.dict").stat().st_size > 0
+    results = json.loads((work / "report.json").read_text())
+    counts = results["unknown_words"]
+    assert counts["unknown"] > 0 and counts["unknown"] == counts["by_dictionary"] + counts["copied"]
+    assert results["sacrebleu_replace_unk"]["score"] >= results["sacrebleu"]["score"]
+    report = (work / "report.md").read_text()
+    assert "- sacrebleu: BLEU = " in report and "- sacrebleu_replace_unk: BLEU = " in report
+    assert counts["text"] in report
+
+
+def test_training_settings_are_what_fairseq_hydra_train_composes():
+    """training_config reads the YAML files without hydra; its settings are the ones hydra composes
+    for the recipe with the deepest defaults (multi30k_unk on multi30k_demo on paper)."""
+    proc = subprocess.run(
+        [str(BIN / "fairseq-hydra-train"), "--config-dir", str(ROOT / "recipes" / "configs"),
+         "--config-name", "recipe/multi30k_unk", "task.data=unused", "checkpoint.save_dir=unused", "--cfg", "job"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    composed, config = OmegaConf.create(proc.stdout), training_config("multi30k_unk")
+    for group, key in OPTIMIZATION:
+        assert OmegaConf.select(config, f"{group}.{key}") == OmegaConf.select(composed, f"{group}.{key}"), (group, key)
+    assert config.criterion.label_smoothing == 0.1 and config.model.dropout == 0.2  # the demo's, over paper.yaml's
+
+
+def test_fairseq_options_give_fairseq_train_the_settings():
+    """The options the tests and the benchmark's reference pass to fairseq-train set exactly the
+    config's values (names and types as fairseq's parser reads them)."""
+    from fairseq import options
+
+    config = training_config("multi30k_demo")
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "unused", "--user-dir", str(ROOT / "fairseq_convs2s_ext"), "--arch", "convs2s_tiny",
+        "--criterion", "convs2s_cross_entropy", *fairseq_options(config)])
+    for group, key in OPTIMIZATION:  # fairseq's argument is the key, or the group for its _name
+        value = OmegaConf.select(config, f"{group}.{key}")
+        assert getattr(args, group if key == "_name" else key) == (list(value) if OmegaConf.is_list(value) else value)
+    assert args.optimizer == "nag" and args.lr == [0.25] and args.dropout == 0.2
 
 
 def test_scoring_refuses_missing_hypotheses():

@@ -22,11 +22,14 @@ from fairseq.utils import load_align_dict
 from fairseq_convs2s_ext.data import SourceTextError
 from preprocess.align import find_aligner
 from preprocess.errors import PreprocessError
-from recipes import unk_replacement_bleu
-from recipes.unk_replacement_bleu import USER_DIR, build_align_dict, prepare_data, train
+
+from cli_helpers import PAPER_OPTIONS, run, write_lines
+from conftest import ROOT
 
 BIN = Path(sys.executable).parent
-TEST_LINES = 203  # not a multiple of 8: fairseq would drop the last 3 (--batch-size 32)
+USER_DIR = ROOT / "fairseq_convs2s_ext"
+LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", 203)}
+TEST_LINES = LINES["test"][1]  # not a multiple of 8: fairseq would drop the last 3 (--batch-size 32)
 UNK = "<unk>"
 
 
@@ -56,24 +59,33 @@ def has_aligner() -> bool:
     return True
 
 
-def align_dict(work: Path) -> Path:
-    """convs2s-align-dict with fast_align or eflomal when one is installed, else Dice."""
+def align_dict(prepared: Path) -> Path:
+    """convs2s-align-dict on the cleaned training text when an aligner is installed, else Dice."""
+    src, tgt, out = prepared / "tok" / "train.clean.en", prepared / "tok" / "train.clean.de", prepared / "align.dict"
     if has_aligner():
-        return build_align_dict(work)
-    out = work / "align.dict"
-    dice_dictionary(work / "tok" / "train.en", work / "tok" / "train.de", out)
+        run("convs2s-align-dict", "--src", src, "--tgt", tgt, "-o", out)
+    else:
+        dice_dictionary(src, tgt, out)
     return out
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, data_dir):
+    """The first lines of Multi30k en-de prepared by convs2s-prepare at word level (1000 words a
+    side), a tiny model trained 4 epochs with the paper's settings, the alignment dictionary."""
     work = tmp_path_factory.mktemp("unk")
-    data = prepare_data(work, data_dir / "multi30k", vocab=1000,
-                        lines={"train": 3000, "valid": 200, "test": TEST_LINES})
-    checkpoint = train(data, work / "checkpoints", "convs2s_tiny", 4,
-                       "--max-tokens", 2000, "--num-workers", 0)
-    dictionary = align_dict(work)
-    return data, checkpoint, dictionary
+    for split, (name, count) in LINES.items():
+        for lang in ("en", "de"):
+            lines = (data_dir / "multi30k" / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            write_lines(work / f"{split}.{lang}", lines)
+    prepared = work / "prepared"
+    run("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "valid",
+        "--testpref", work / "test", "--no-bpe", "--nwords", 1000, "--separate-dictionaries", "-o", prepared)
+    data = prepared / "bin"
+    run("fairseq-train", data, "--user-dir", USER_DIR, "--task", "convs2s_translation", "--arch", "convs2s_tiny",
+        "--criterion", "convs2s_cross_entropy", *PAPER_OPTIONS, "--max-epoch", 4, "--max-tokens", 2000,
+        "--num-workers", 0, "--save-dir", work / "checkpoints", "--no-epoch-checkpoints", "--seed", 1)
+    return data, work / "checkpoints" / "checkpoint_best.pt", align_dict(prepared)
 
 
 def fairseq(model, command, *args, stdin=None, task=("--task", "convs2s_translation"), check=True):
@@ -192,16 +204,3 @@ def test_stock_replace_unk_paths_say_what_to_use(model, task, impl):
     assert proc.returncode != 0
     assert "fairseq-generate: error: --replace-unk needs --task convs2s_translation" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.slow
-def test_bleu_recipe_scores_with_and_without_replacement(tmp_path, data_dir, capsys):
-    if not has_aligner():
-        pytest.skip("the recipe needs fast_align or eflomal (pip install eflomal)")
-    unk_replacement_bleu.main([
-        "--workdir", str(tmp_path), "--corpus", str(data_dir / "multi30k"), "--vocab", "1000",
-        "--train-lines", "3000", "--arch", "convs2s_tiny", "--max-epoch", "4",
-    ])
-    out = capsys.readouterr().out
-    without, with_replacement = map(float, re.findall(r"^sacreBLEU .*:\s+(\d+\.\d+)$", out, re.MULTILINE))
-    assert with_replacement >= without
