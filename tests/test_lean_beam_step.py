@@ -19,19 +19,18 @@ from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGe
 from fairseq_convs2s_ext.generation.lean_beam_step import LocalVocabularyEnsemble
 from fairseq_convs2s_ext.generation import UnknownWordReplacer
 from cli_helpers import run
-from recipes.unk_replacement_bleu import USER_DIR, prepare_data, train
+from tiny_runs import USER_DIR, train_paper, word_level
 
 TEST_LINES = 101
+LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", TEST_LINES)}
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, data_dir):
     """(binarized data with its text, checkpoint): 2000 words a side, so that it writes <unk>."""
     work = tmp_path_factory.mktemp("lean")
-    data = prepare_data(work, data_dir / "multi30k", vocab=2000,
-                        lines={"train": 3000, "valid": 200, "test": TEST_LINES})
-    checkpoint = train(data, work / "checkpoints", "convs2s_tiny", 3, "--max-tokens", 2000, "--num-workers", 0)
-    return data, checkpoint
+    data = word_level(data_dir, work, LINES, 2000) / "bin"
+    return data, train_paper(data, work / "checkpoints", "--max-epoch", 3, "--max-tokens", 2000)
 
 
 def setup(model, *generation_options):

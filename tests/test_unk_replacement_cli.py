@@ -23,11 +23,10 @@ from fairseq_convs2s_ext.data import SourceTextError
 from preprocess.align import find_aligner
 from preprocess.errors import PreprocessError
 
-from cli_helpers import PAPER_OPTIONS, run, write_lines
-from conftest import ROOT
+from cli_helpers import run
+from tiny_runs import USER_DIR, train_paper, word_level
 
 BIN = Path(sys.executable).parent
-USER_DIR = ROOT / "fairseq_convs2s_ext"
 LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", 203)}
 TEST_LINES = LINES["test"][1]  # not a multiple of 8: fairseq would drop the last 3 (--batch-size 32)
 UNK = "<unk>"
@@ -74,18 +73,9 @@ def model(tmp_path_factory, data_dir):
     """The first lines of Multi30k en-de prepared by convs2s-prepare at word level (1000 words a
     side), a tiny model trained 4 epochs with the paper's settings, the alignment dictionary."""
     work = tmp_path_factory.mktemp("unk")
-    for split, (name, count) in LINES.items():
-        for lang in ("en", "de"):
-            lines = (data_dir / "multi30k" / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
-            write_lines(work / f"{split}.{lang}", lines)
-    prepared = work / "prepared"
-    run("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "valid",
-        "--testpref", work / "test", "--no-bpe", "--nwords", 1000, "--separate-dictionaries", "-o", prepared)
-    data = prepared / "bin"
-    run("fairseq-train", data, "--user-dir", USER_DIR, "--task", "convs2s_translation", "--arch", "convs2s_tiny",
-        "--criterion", "convs2s_cross_entropy", *PAPER_OPTIONS, "--max-epoch", 4, "--max-tokens", 2000,
-        "--num-workers", 0, "--save-dir", work / "checkpoints", "--no-epoch-checkpoints", "--seed", 1)
-    return data, work / "checkpoints" / "checkpoint_best.pt", align_dict(prepared)
+    prepared = word_level(data_dir, work, LINES, 1000)
+    checkpoint = train_paper(prepared / "bin", work / "checkpoints", "--max-epoch", 4, "--max-tokens", 2000)
+    return prepared / "bin", checkpoint, align_dict(prepared)
 
 
 def fairseq(model, command, *args, stdin=None, task=("--task", "convs2s_translation"), check=True):

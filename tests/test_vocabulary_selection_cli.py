@@ -13,10 +13,11 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.tasks import setup_task
 
 from cli_helpers import run, valid_losses
-from recipes.unk_replacement_bleu import USER_DIR, prepare_data
 from test_unk_replacement_cli import has_aligner
+from tiny_runs import USER_DIR, word_level
 
 TEST_LINES = 101
+LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", TEST_LINES)}
 SELECTION = ["--vocab-most-common", 100, "--vocab-top-aligned", 20]
 
 
@@ -26,10 +27,10 @@ def model(tmp_path_factory, data_dir):
     if not has_aligner():
         pytest.skip("convs2s-align-dict needs fast_align or eflomal (pip install eflomal)")
     work = tmp_path_factory.mktemp("selection")
-    data = prepare_data(work, data_dir / "multi30k", vocab=2000,
-                        lines={"train": 3000, "valid": 200, "test": TEST_LINES})
+    prepared = word_level(data_dir, work, LINES, 2000)
+    data = prepared / "bin"
     align_dict, candidates = work / "align.dict", work / "candidates"
-    run("convs2s-align-dict", "--src", work / "tok" / "train.en", "--tgt", work / "tok" / "train.de",
+    run("convs2s-align-dict", "--src", prepared / "tok" / "train.clean.en", "--tgt", prepared / "tok" / "train.clean.de",
         "-o", align_dict, "--candidates", candidates)
     checkpoints = work / "checkpoints"
     log = run("fairseq-train", data, "--user-dir", USER_DIR, "--task", "convs2s_translation",

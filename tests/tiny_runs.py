@@ -1,6 +1,9 @@
 """Real folders for end-to-end tests: a few hundred Multi30k lines prepared with
 convs2s-prepare, and a tiny ConvS2S trained on them for a few updates with fairseq-train."""
-from cli_helpers import run, write_lines
+from cli_helpers import PAPER_OPTIONS, run, write_lines
+from conftest import ROOT
+
+USER_DIR = ROOT / "fairseq_convs2s_ext"
 
 SPLITS = {"train": ("train", 300), "valid": ("val", 30), "test": ("test_2016_flickr", 20)}
 
@@ -21,6 +24,29 @@ def prepare(data_dir, work, *options):
     run("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", raw / "train", "--validpref", raw / "valid",
         "--testpref", raw / "test", "-o", work / "prepared", "--workers", "1", *options)
     return work / "prepared"
+
+
+def word_level(data_dir, work, lines, nwords):
+    """Multi30k en-de's first ``lines`` = {split: (file name, count)} prepared by convs2s-prepare
+    at word level with ``nwords`` words a side (rarer words become <unk>); returns the prepared
+    folder (bin/, and tok/train.clean.LANG for convs2s-align-dict)."""
+    for split, (name, count) in lines.items():
+        for lang in ("en", "de"):
+            text = (data_dir / "multi30k" / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()[:count]
+            write_lines(work / f"{split}.{lang}", text)
+    prepared = work / "prepared"
+    run("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", work / "train", "--validpref", work / "valid",
+        "--testpref", work / "test", "--no-bpe", "--nwords", nwords, "--separate-dictionaries", "-o", prepared)
+    return prepared
+
+
+def train_paper(data_bin, save_dir, *extra):
+    """convs2s_tiny trained by fairseq-train with the paper's settings and convs2s_translation;
+    returns checkpoint_best.pt."""
+    run("fairseq-train", data_bin, "--user-dir", USER_DIR, "--task", "convs2s_translation", "--arch", "convs2s_tiny",
+        "--criterion", "convs2s_cross_entropy", *PAPER_OPTIONS, "--num-workers", 0, "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--seed", 1, *extra)
+    return save_dir / "checkpoint_best.pt"
 
 
 def train(data_bin, save_dir, *extra):
