@@ -16,7 +16,7 @@ endif
 # Work folder of a recipe (default: work/NAME); ARGS: hydra overrides; SMOKE=1: smoke mode.
 WORK ?=
 ARGS ?=
-RECIPE = $(PY) -m recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
+RECIPE = $(PY) -m convs2s_recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
 .PHONY: install test test-slow demo clean \
 	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword recipe-multi30k-unk

@@ -6,7 +6,12 @@ setup(
     version="0.1.0",
     description="Convolutional Sequence to Sequence Learning (Gehring et al., 2017) for fairseq",
     python_requires=">=3.9",
-    packages=find_packages(include=["fairseq_convs2s_ext*", "preprocess*", "recipes*"]),
+    # The repository's folders preprocess/ and recipes/ install under names of their own:
+    # a top-level "preprocess" or "recipes" would collide with any other package so named.
+    packages=find_packages(include=["fairseq_convs2s_ext", "fairseq_convs2s_ext.*"])
+    + ["convs2s_preprocess", "convs2s_recipes"],
+    package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes"},
+    package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"]},
     include_package_data=True,
     install_requires=[
         # Official fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is
@@ -19,7 +24,7 @@ setup(
         "hydra-core>=1.3",
         "numpy",
         # fast_align's C++ code as a library: convs2s-align-dict's default aligner, run as
-        # `python -m preprocess.fastalign`, which reads the library's table files (format
+        # `python -m convs2s_preprocess.fastalign`, which reads the library's table files (format
         # of 3.5.0). Wheels exist for Linux x86-64 and CPython 3.7 to 3.11 only; elsewhere
         # install the fast_align binary.
         'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
@@ -38,10 +43,10 @@ setup(
     entry_points={
         "console_scripts": [
             "convs2s-user-dir = fairseq_convs2s_ext.cli.user_dir:main",
-            "convs2s-prepare = preprocess.pipeline:main",
-            "convs2s-align-dict = preprocess.align:main",
-            "convs2s-postprocess = preprocess.postprocess:main",
-            "convs2s-recipe = recipes.run:main",
+            "convs2s-prepare = convs2s_preprocess.pipeline:main",
+            "convs2s-align-dict = convs2s_preprocess.align:main",
+            "convs2s-postprocess = convs2s_preprocess.postprocess:main",
+            "convs2s-recipe = convs2s_recipes.run:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
             "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",

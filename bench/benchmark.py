@@ -123,8 +123,8 @@ def run_training(args, task, results):
 
 def bleu(task, hypotheses, lang="de"):
     """sacreBLEU of the hypotheses as the recipes score them (BPE removed, detokenized)."""
-    from preprocess.tokenize import detokenize
-    from recipes.score import bleu as sacrebleu_score
+    from convs2s_preprocess.tokenize import detokenize
+    from convs2s_recipes.score import bleu as sacrebleu_score
 
     references = test_text(lang)
     ids = sorted(hypotheses)

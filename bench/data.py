@@ -1,6 +1,6 @@
 """The benchmark's data: the `make demo` recipe's Multi30k en-de, prepared the same way.
 
-``recipes.run.prepare_data("multi30k-demo")``: Moses normalization and tokenization,
+``convs2s_recipes.run.prepare_data("multi30k-demo")``: Moses normalization and tokenization,
 cleaning, 10,000 joint BPE merges, ``fairseq-preprocess --joined-dictionary``, the same
 bytes as the demo's ``work/multi30k-demo/prepared``. It lives in a cache folder outside the
 repository; the pipeline reuses what is still valid and rebuilds what is not.
@@ -8,8 +8,8 @@ repository; the pipeline reuses what is still valid and rebuilds what is not.
 import os
 from pathlib import Path
 
-from recipes.corpora import data_root
-from recipes.run import prepare_data
+from convs2s_recipes.corpora import data_root
+from convs2s_recipes.run import prepare_data
 
 RECIPE = "multi30k-demo"
 
@@ -27,7 +27,7 @@ def prepare():
 
 def test_text(lang):
     """The raw test_2016_flickr lines (the references BLEU is computed against)."""
-    from recipes.corpora import EXPERIMENTS
+    from convs2s_recipes.corpora import EXPERIMENTS
 
     prefix = EXPERIMENTS["multi30k-en-de"].test.prefix(data_root())
     with open(f"{prefix}.{lang}", encoding="utf-8") as f:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recipes.settings import fairseq_options
+from convs2s_recipes.settings import fairseq_options
 
 from .data import RECIPE, cache_root
 from .training import SETTINGS

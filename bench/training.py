@@ -17,8 +17,8 @@ from fairseq import utils
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.optim.nag import NAG
 
-from recipes.run import RECIPES
-from recipes.settings import training_config
+from convs2s_recipes.run import RECIPES
+from convs2s_recipes.settings import training_config
 
 from .data import RECIPE
 

@@ -15,7 +15,7 @@ process:
 
 - ``fast_align``: the binary, when it is on PATH or given with ``--fast-align PATH``.
 - ``systran-align``: otherwise, and by default after ``make install``: fast_align's model
-  from the systran-align library, run as ``python -m preprocess.fastalign`` (see there:
+  from the systran-align library, run as ``python -m convs2s_preprocess.fastalign`` (see there:
   the same EM training, the same forward decision, one thread so that every run gives the
   same dictionary). On Multi30k its dictionary is identical to the binary's.
 - ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
@@ -64,7 +64,7 @@ SEPARATOR = "|||"
 # fast_align's options for the paper's dictionary, as the Lua fairseq ran it: favour the
 # diagonal (-d), optimize its tension (-o), Dirichlet prior on the translation tables (-v);
 # NULL word, p0 = 0.08 and 5 iterations are fast_align's defaults. The binary and
-# ``python -m preprocess.fastalign`` take them alike.
+# ``python -m convs2s_preprocess.fastalign`` take them alike.
 FAST_ALIGN_SETTINGS = ("-d", "-o", "-v")
 ALIGNERS = ("fast_align", "systran-align", "eflomal")
 EXECUTABLES = {"fast_align": "fast_align", "eflomal": "eflomal-align"}
@@ -110,7 +110,7 @@ def installed_command(name: str, search_path: str) -> Optional[tuple]:
     """The command that starts aligner ``name``, or None if it is not installed."""
     if name == "systran-align":
         found = importlib.util.find_spec("systran_align") is not None  # not imported here
-        return (sys.executable, "-m", "preprocess.fastalign") if found else None
+        return (sys.executable, "-m", "convs2s_preprocess.fastalign") if found else None
     executable = shutil.which(EXECUTABLES[name], path=search_path)
     return (executable,) if executable else None
 
@@ -157,11 +157,8 @@ def write_aligner_input(src_path: str, tgt_path: str, corpus_path: str) -> int:
 
 
 def aligner_environment(workdir: str) -> dict:
-    """The aligner's environment: temporary files in the work folder, removed with it, and
-    this copy of the package first on the path (for ``python -m preprocess.fastalign``)."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-    return dict(os.environ, TMPDIR=workdir, PYTHONPATH=python_path)
+    """The aligner's environment: temporary files in the work folder, removed with it."""
+    return dict(os.environ, TMPDIR=workdir)
 
 
 def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str) -> None:

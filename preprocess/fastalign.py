@@ -1,4 +1,4 @@
-"""``python -m preprocess.fastalign -i CORPUS -d -o -v``: fast_align without its binary.
+"""``python -m convs2s_preprocess.fastalign -i CORPUS -d -o -v``: fast_align without its binary.
 
 Writes what ``fast_align -i CORPUS -d -o -v`` writes (Dyer et al., 2013; the Lua fairseq
 builds the paper's dictionary from it): the forward alignment of each ``source ||| target``
@@ -183,7 +183,7 @@ def align(corpus: str, settings: Settings, out) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.fastalign",
+        prog="python -m convs2s_preprocess.fastalign",
         description="fast_align's forward alignment (Pharaoh links on stdout), from the "
                     "systran-align library")
     parser.add_argument("-i", dest="input", required=True, help="source ||| target lines")

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import sacrebleu.utils
 
-from preprocess.atomic import atomic_outputs
+from convs2s_preprocess.atomic import atomic_outputs
 
 from .download import DownloadError, fetch
 

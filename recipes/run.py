@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from preprocess.atomic import atomic_outputs
-from preprocess.bpe import remove_bpe
-from preprocess.errors import PreprocessError
-from preprocess.romanian import normalize_romanian_line
-from preprocess.textio import read_lines
+from convs2s_preprocess.atomic import atomic_outputs
+from convs2s_preprocess.bpe import remove_bpe
+from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.romanian import normalize_romanian_line
+from convs2s_preprocess.textio import read_lines
 
 from . import corpora, score, unknown_words
 from .download import DownloadError
@@ -92,7 +92,7 @@ def prepare_data(recipe, data_dir, work, backtranslation=True):
     os.makedirs(work, exist_ok=True)
     experiment, train_prefix, valid_prefix, test_prefix = fetch_data(recipe, data_dir, work, backtranslation)
     prepared = os.path.join(work, "prepared")
-    from preprocess.pipeline import prepare  # not at the top: --help stays fast
+    from convs2s_preprocess.pipeline import prepare  # not at the top: --help stays fast
 
     data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
                        romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
@@ -168,7 +168,7 @@ def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
     words = [remove_bpe(h) if recipe.bpe_merges else h for h in hypotheses]
     if recipe.metric == "rouge":
         return {"rouge": score.rouge(words, raw_refs)}, words
-    from preprocess.tokenize import detokenize
+    from convs2s_preprocess.tokenize import detokenize
 
     detok = [detokenize(h.replace(unknown_words.UNK, score.UNSCORED_UNK), tgt) for h in words]
     if recipe.romanian and tgt == "ro":  # the model writes Romanian without diacritics

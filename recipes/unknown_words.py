@@ -10,8 +10,8 @@ import os
 
 from fairseq.utils import load_align_dict
 
-from preprocess.align import build_align_dict, find_aligner
-from preprocess.textio import read_lines
+from convs2s_preprocess.align import build_align_dict, find_aligner
+from convs2s_preprocess.textio import read_lines
 
 from .score import ScoreError
 

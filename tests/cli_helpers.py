@@ -3,7 +3,7 @@ import re
 import subprocess
 
 from conftest import BIN, ROOT
-from recipes.settings import fairseq_options, training_config
+from convs2s_recipes.settings import fairseq_options, training_config
 
 # The paper's optimizer, schedule, clipping and loss settings (recipes/configs/paper.yaml), as
 # fairseq-train's options; pass --criterion with them.

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.corpora import data_root
+from convs2s_recipes.corpora import data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tests read real corpora from the recipes' data folder (CONVS2S_DATA, the Makefile's DATA=).

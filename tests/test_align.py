@@ -14,12 +14,12 @@ from typing import Optional
 import pytest
 
 from conftest import DATA
-from preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
+from convs2s_preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
                               aligned_pairs, build_align_dict, candidate_lines, count_links,
                               find_aligner, most_frequent, ranked_candidates, write_aligner_input)
-from preprocess.errors import PreprocessError
-from preprocess.textio import read_lines
-from preprocess.tokenize import tokenize_file
+from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.textio import read_lines
+from convs2s_preprocess.tokenize import tokenize_file
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = DATA / "multi30k"
@@ -116,7 +116,7 @@ def test_missing_aligner_error_says_how_to_install(tmp_path):
 @needs_systran_align
 def test_default_without_binary_is_fast_align_model_from_systran_align(tmp_path):
     aligner = find_aligner("auto", search_path=str(tmp_path))  # no fast_align binary there
-    assert aligner == Aligner("systran-align", (sys.executable, "-m", "preprocess.fastalign"))
+    assert aligner == Aligner("systran-align", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
     assert aligner.options() == {"aligner": "systran-align", "settings": "-d -o -v"}
 
 
@@ -151,7 +151,7 @@ needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(),
 
 
 def _align_dict(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "preprocess.align", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", *map(str, args)],
                           cwd=REPO, capture_output=True, text=True)
 
 
@@ -163,7 +163,7 @@ def _align_dict(*args: str) -> subprocess.CompletedProcess:
 def test_multi30k_dictionary(tmp_path, aligner):
     src, tgt = _multi30k_tokenized(tmp_path, 3000)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
                            "-o", str(out), "--aligner", aligner],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -283,8 +283,8 @@ def _occurrence_agreement(pairs: list, ours: dict, reference: dict) -> float:
 
 
 def _library_links(corpus: Path) -> list:
-    """Run `python -m preprocess.fastalign -i corpus -d -o -v` and return its links."""
-    proc = subprocess.run([sys.executable, "-m", "preprocess.fastalign", "-i", str(corpus),
+    """Run `python -m convs2s_preprocess.fastalign -i corpus -d -o -v` and return its links."""
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.fastalign", "-i", str(corpus),
                            *FAST_ALIGN_SETTINGS], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
@@ -342,7 +342,7 @@ def test_default_dictionary_agrees_with_the_fast_align_binary(tmp_path):
     pairs = _reference_pairs()
     src, tgt = _write_pairs(tmp_path / "data", pairs)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
                            "-o", str(out)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     ours = dict(line.split(" ") for line in read_lines(str(out)))
@@ -355,12 +355,12 @@ def test_default_dictionary_agrees_with_the_fast_align_binary(tmp_path):
 def test_library_runs_in_a_child_process(tmp_path):
     """systran_align (C++ with OpenMP threads) is never loaded into convs2s-align-dict."""
     src, tgt = _write_pairs(tmp_path / "data", _reference_pairs(300))
-    script = ("import sys; from preprocess.align import main; "
+    script = ("import sys; from convs2s_preprocess.align import main; "
               f"main(['--src', {src!r}, '--tgt', {tgt!r}, '-o', {str(tmp_path / 'align.dict')!r}]); "
               "print('systran_align' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "python -m preprocess.fastalign" in proc.stderr
+    assert "python -m convs2s_preprocess.fastalign" in proc.stderr
     assert proc.stdout.strip() == "False"
     assert (tmp_path / "align.dict").stat().st_size > 0
 
@@ -399,7 +399,7 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
     # SIGINT may be ignored in a background test run; the command must see it as Ctrl-C
     with open(tmp_path / "stderr", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
+            [sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
              "-o", str(out_dir / "align.dict"), *options], cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=log,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -444,7 +444,7 @@ def test_killed_run_stops_its_aligner_and_next_run_removes_its_folder(tmp_path):
     assert [name for name in leftovers if name.startswith(WORK_PREFIX)], leftovers
     # ...until the next run in that folder, here on a small corpus
     src, tgt = _write_pairs(tmp_path / "small", _reference_pairs(200))
-    run = subprocess.run([sys.executable, "-m", "preprocess.align", "--src", src, "--tgt", tgt,
+    run = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
                           "-o", str(out_dir / "align.dict")], cwd=REPO, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr

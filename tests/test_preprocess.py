@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
-from preprocess.binarize import binarize
-from preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
-from preprocess.clean import clean_corpus, keep_pair
-from preprocess.errors import PreprocessError
-from preprocess.pipeline import prepare
-from preprocess.postprocess import postprocess
-from preprocess.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
-from preprocess.textio import count_lines, read_lines
-from preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normalize_punctuation,
+from convs2s_preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
+from convs2s_preprocess.binarize import binarize
+from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
+from convs2s_preprocess.clean import clean_corpus, keep_pair
+from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.pipeline import prepare
+from convs2s_preprocess.postprocess import postprocess
+from convs2s_preprocess.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
+from convs2s_preprocess.textio import count_lines, read_lines
+from convs2s_preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normalize_punctuation,
                                  tokenize, tokenize_file)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
     record = Path(record_path([str(out)]))
     script = textwrap.dedent(f"""
         import os, signal
-        from preprocess.atomic import run_step
+        from convs2s_preprocess.atomic import run_step
         def action(temp):
             with open(temp, "w") as f:
                 f.write("partial\\n")
@@ -246,7 +246,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
 
 
 def test_step_is_reused_only_while_inputs_options_and_outputs_are_unchanged(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     calls = []
@@ -284,7 +284,7 @@ def test_step_is_reused_only_while_inputs_options_and_outputs_are_unchanged(tmp_
 
 
 def test_outputs_without_a_record_are_rebuilt(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     out.write_text("written by an older version\n")
@@ -358,7 +358,7 @@ def _fairseq_counts(log: Path) -> dict:
 
 
 def _run_prepare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "preprocess.pipeline", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.pipeline", *args], cwd=REPO,
                           capture_output=True, text=True)
 
 
@@ -453,7 +453,7 @@ def _outputs(outdir: Path) -> dict:
 
 @needs_data
 def test_prepare_follows_a_corpus_replaced_in_place(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
     train = raw_pair(tmp_path, "train", 300)
     valid = raw_pair(tmp_path, "val", 100)
     out = tmp_path / "out"

@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import BIN, ROOT
-from recipes import corpora, score
-from recipes.download import DownloadError
-from recipes.settings import OPTIMIZATION, fairseq_options, training_config
+from convs2s_recipes import corpora, score
+from convs2s_recipes.download import DownloadError
+from convs2s_recipes.settings import OPTIMIZATION, fairseq_options, training_config
 
 
 def make(target, work, *args, data_dir):

@@ -20,8 +20,8 @@ from fairseq.tasks import setup_task
 from fairseq.utils import load_align_dict
 
 from fairseq_convs2s_ext.data import SourceTextError
-from preprocess.align import find_aligner
-from preprocess.errors import PreprocessError
+from convs2s_preprocess.align import find_aligner
+from convs2s_preprocess.errors import PreprocessError
 
 from cli_helpers import run
 from tiny_runs import USER_DIR, train_paper, word_level
