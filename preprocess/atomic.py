@@ -265,4 +265,13 @@ def _run_step(name: str, inputs: Sequence[str], outputs: Sequence[str],
         # The outputs are about to be replaced: a kill between the renames must not
         # leave the old record describing some of them.
         remove_path(record_file)
+    logger.info("%s: done: %s", name, ", ".join(_size(path) for path in outputs))
     return True
+
+
+def _size(path: str) -> str:
+    """``path (N lines)``, or ``path/ (N files)`` for a folder: progress a log can show."""
+    if os.path.isdir(path):
+        return f"{path}/ ({len(os.listdir(path))} files)"
+    with open(path, "rb") as f:
+        return f"{path} ({sum(1 for _ in f)} lines)"
