@@ -70,7 +70,7 @@ RECIPES = {
 # An untrained tiny model rarely ends a sentence: cap its output at 30 tokens.
 SMOKE = {"wmt16-en-ro": dict(experiment="wmt16-en-ro-smoke", bpe_merges=2000, max_len_b=30), "multi30k-unk": {}}
 SMOKE_OVERRIDES = [
-    "model._name=convs2s_tiny", "optimization.max_update=60", "dataset.max_tokens=2000",
+    "model=convs2s_tiny", "optimization.max_update=60", "dataset.max_tokens=2000",
     "dataset.batch_size=null", "common.log_interval=20", "checkpoint.no_epoch_checkpoints=true",
 ]
 

@@ -144,3 +144,18 @@ def test_corrupt_download_leaves_nothing_behind(tmp_path):
         corpus.prefix(str(data))
     assert not (data / "demo" / "broken.en").exists()
     assert not any(p.name.startswith("broken") for p in (data / "downloads").iterdir())
+
+
+@pytest.mark.parametrize("name", ["wmt16_en_ro", "multi30k_unk"])
+def test_smoke_mode_trains_the_tiny_model(name):
+    """The smoke overrides replace the recipe's architecture, not only its name: `model._name=`
+    alone kept the 20 x 512 layers of convs2s_wmt_en_ro and made the smoke run train for hours."""
+    from hydra import compose, initialize_config_dir
+
+    import fairseq_convs2s_ext  # noqa: F401  (the model configs hydra composes from)
+    from convs2s_recipes.run import CONFIG_DIR, SMOKE_OVERRIDES
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.1"):
+        cfg = compose(config_name=f"recipe/{name}", overrides=["task.data=/unused", *SMOKE_OVERRIDES])
+    assert cfg.model._name == "convs2s_tiny"
+    assert (cfg.model.encoder_layers, cfg.model.decoder_layers) == ("[(32, 3)] * 2", "[(32, 3)] * 2")
