@@ -8,7 +8,6 @@ scores and what became of each ``<unk>``.
 """
 import os
 
-from fairseq.utils import load_align_dict
 
 from convs2s_preprocess.align import build_align_dict, find_aligner
 from convs2s_preprocess.textio import read_lines
@@ -36,6 +35,8 @@ def count_replacements(plain, replaced, prepared, experiment, align_dict):
     Both are the same model's beam search, so they differ only where ``<unk>`` was replaced;
     anything else means they are not two translations of the same test set.
     """
+    from fairseq.utils import load_align_dict  # here: convs2s-recipe --help stays fast
+
     align = load_align_dict(align_dict)
     sources = read_lines(os.path.join(prepared, "tok", f"test.{experiment.src}"))
     words = unknown = by_dictionary = 0

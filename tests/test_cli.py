@@ -95,7 +95,7 @@ def test_bf16_autocast_trains_and_generates_on_cpu(data_bin, trained, tmp_path):
     assert len(losses) == 2 and losses[1] < losses[0], log[-3000:]
     assert losses == pytest.approx(fp32_losses, rel=0.02), (losses, fp32_losses)
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")
-    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+    assert {t.dtype for t in state["model"].values() if t.is_floating_point()} == {torch.float32}
     generated = run("fairseq-generate", data_bin, "--user-dir", "fairseq_convs2s_ext", "--task", "convs2s_translation",
                     "--path", tmp_path / "checkpoint_best.pt", "--beam", "5", "--batch-size", "32",
                     "--gen-subset", "test", "--autocast-bf16")

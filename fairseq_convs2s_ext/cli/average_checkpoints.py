@@ -42,8 +42,14 @@ def average_checkpoints(paths):
             raise ValueError(f"{path}: its parameters are not those of {paths[0]}: not the same model")
     averaged = {}
     for key in keys:
-        total = torch.stack([state["model"][key] for state in states]).sum(dim=0)
-        averaged[key] = total / len(states) if total.is_floating_point() else total // len(states)
+        tensors = [state["model"][key] for state in states]
+        if tensors[0].is_floating_point():
+            averaged[key] = (torch.stack([t.float() for t in tensors]).sum(dim=0) / len(tensors)).to(tensors[0].dtype)
+        elif all(torch.equal(t, tensors[0]) for t in tensors[1:]):
+            averaged[key] = tensors[0]  # counters and dictionary fingerprints: the same in every one
+        else:
+            raise ValueError(f"{key} differs between the checkpoints ({', '.join(paths)}): they are not "
+                             f"the same model trained with the same dictionaries")
     return dict(states[0], model=averaged)
 
 
