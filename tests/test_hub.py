@@ -41,7 +41,7 @@ def test_from_pretrained_tokenizes_and_segments_raw_text_as_prepare_did(bpe_mode
     hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared)
     assert hub.cfg.bpe.bpe_codes == str(prepared / "bpe" / "codes")
     raw = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
-    binarized = (prepared / "bin" / "test.en-de.en.txt").read_text(encoding="utf-8").splitlines()
+    binarized = (prepared / "bin" / "test.en-de.en").read_text(encoding="utf-8").splitlines()
     assert [hub.apply_bpe(hub.tokenize(line)) for line in raw] == binarized
     for sentence in ("Tom's dog isn't well-known & loud.", "He said \"yes\" <b> 5 > 3"):
         assert hub.tokenize(sentence) == normalize_and_tokenize(sentence, "en")  # no &apos; &amp;

@@ -44,6 +44,7 @@ def plot_attention(attention, out_dir):
     matrices = {f"layer{n}": (a, f"decoder layer {n}") for n, a in attention.layers.items()}
     matrices["average"] = (attention.average, f"average of layers {', '.join(map(str, attention.layers))}")
     figures = {}
+    os.makedirs(out_dir, exist_ok=True)
     for name, (matrix, title) in matrices.items():
         path = os.path.join(out_dir, f"{name}.png")
         figure = heatmap(matrix, attention.source_tokens, attention.target_tokens, title)
