@@ -473,7 +473,7 @@ def test_prepare_follows_a_corpus_replaced_in_place(tmp_path, caplog):
     after = _outputs(out)
     assert after["tok/valid.en"] == before["tok/valid.en"]
     for changed in ("tok/train.en", "tok/train.clean.de", "bpe/codes", "bpe/valid.en",
-                    "bin/dict.en.txt", "bin/train.en-de.de.bin", "bin/train.en-de.en.txt"):
+                    "bin/dict.en.txt", "bin/train.en-de.de.bin", "bin/valid.en-de.en"):
         assert after[changed] != before[changed], changed
     # Exactly what a fresh directory gets from the new corpus.
     fresh = tmp_path / "fresh"
@@ -499,7 +499,8 @@ def test_corrected_corpus_is_not_shadowed_by_old_tokenized_text(tmp_path):
         prepare(str(tmp_path / "out"), "en", "de", train, bpe_merges=None)
     _write_lines(f"{train}.de", good)  # corrected in place
     bindir = prepare(str(tmp_path / "out"), "en", "de", train, bpe_merges=None)
-    assert 150 < count_lines(os.path.join(bindir, "train.en-de.de.txt")) <= 200
+    assert 150 < count_lines(str(tmp_path / "out" / "tok" / "train.clean.de")) <= 200
+    assert os.path.exists(os.path.join(bindir, "train.en-de.de.bin"))
     assert list(read_lines(str(tmp_path / "out" / "tok" / "train.de")))[0] == \
         normalize_and_tokenize(good[0], "de")
 
