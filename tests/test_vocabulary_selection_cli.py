@@ -3,7 +3,8 @@
 A word-level model (2000 words a side) is trained with ``--vocab-selection`` on candidates
 that ``convs2s-align-dict --candidates`` built from the training text, then translates with
 fairseq-generate and fairseq-interactive, with unknown-word replacement, n-best lists,
-alignments and an ensemble. Trained once per module.
+alignments and an ensemble. Trained once per module; slow (minutes), so `make test-slow` runs
+it; test_vocabulary_selection.py covers the rule, the mapping, the loss and generation fast.
 """
 import re
 
@@ -16,6 +17,7 @@ from cli_helpers import run, valid_losses
 from test_unk_replacement_cli import has_aligner
 from tiny_runs import USER_DIR, word_level
 
+pytestmark = pytest.mark.slow
 TEST_LINES = 101
 LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", TEST_LINES)}
 SELECTION = ["--vocab-most-common", 100, "--vocab-top-aligned", 20]
