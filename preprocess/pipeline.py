@@ -167,8 +167,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
         description="Tokenize, clean, BPE-encode and binarize a parallel corpus for ConvS2S "
                     "(files PREFIX.LANG). Rerun to resume, or to update the outputs after "
                     "the inputs or options changed: only the steps affected run again.")
-    parser.add_argument("-s", "--source-lang", required=True)
-    parser.add_argument("-t", "--target-lang", required=True)
+    parser.add_argument("-s", "--source-lang", required=True,
+                        help="source language: the suffix of the input files (PREFIX.LANG), e.g. en")
+    parser.add_argument("-t", "--target-lang", required=True,
+                        help="target language: the suffix of the input files (PREFIX.LANG), e.g. de")
     parser.add_argument("--trainpref", required=True, help="raw training text prefix")
     parser.add_argument("--validpref", help="raw validation text prefix")
     parser.add_argument("--testpref", help="raw test text prefix")

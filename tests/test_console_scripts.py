@@ -10,7 +10,6 @@ from conftest import ROOT
 
 SCRIPTS = dict(re.findall(r'"([\w-]+) = ([\w.]+:\w+)"', (ROOT / "setup.py").read_text()))
 # preprocess/pipeline.py, left to the lead: its -s and -t have no help text yet.
-KNOWN_MISSING_HELP = {"convs2s-prepare"}
 
 
 def help_of(entry_point):
@@ -47,8 +46,6 @@ def test_help_lists_every_option_with_its_help(name):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text, imported = proc.stdout.rsplit("IMPORTED", 1)
     assert text.startswith(f"usage: {name}") and "-h, --help" in text
-    if name in KNOWN_MISSING_HELP and options_without_help(text):
-        pytest.xfail(f"{name}: {options_without_help(text)} have no help yet")
     assert options_without_help(text) == []
     if not SCRIPTS[name].startswith("fairseq_convs2s_ext."):  # the plugin package registers with fairseq
         assert imported.split() == ["False", "False"], f"{name} --help imported torch or fairseq"
