@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Sequence
 
 from .errors import PreprocessError
+from .textio import count_lines
 
 logger = logging.getLogger(__name__)
 
@@ -273,5 +274,4 @@ def _size(path: str) -> str:
     """``path (N lines)``, or ``path/ (N files)`` for a folder: progress a log can show."""
     if os.path.isdir(path):
         return f"{path}/ ({len(os.listdir(path))} files)"
-    with open(path, "rb") as f:
-        return f"{path} ({sum(1 for _ in f)} lines)"
+    return f"{path} ({count_lines(path)} lines)"
