@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.data import prepare, test_text
+from bench.data import DATASETS, candidates, prepare, test_text
 from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns
 from bench.machine import cpu_description, matmul_gflops, native_bf16
 from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
@@ -39,6 +39,7 @@ from bench.reference import reference_checkpoint
 from bench.training import SETTINGS, TrainingRun, train_side_by_side, training_batches
 
 REPO = Path(__file__).resolve().parents[1]
+SELECTION = "ours, vocabulary selection"
 
 
 def parse_args(argv=None):
@@ -47,6 +48,12 @@ def parse_args(argv=None):
     p.add_argument("--untrained", action="store_true",
                    help="generate with freshly initialized identical weights instead of the trained reference, "
                         "every output capped at 1.2 x source + 10 tokens (speed only: no BLEU worth reading)")
+    p.add_argument("--data", default="demo", choices=sorted(DATASETS),
+                   help="demo: the demo recipe's joint BPE 10k; words: word level, every training word "
+                        "(see bench/data.py)")
+    p.add_argument("--vocab-selection", nargs="?", const="build", metavar="FILE",
+                   help="also run ours with vocabulary selection (the candidates FILE, default: built "
+                        "from the data's training text with convs2s-align-dict --candidates)")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
     p.add_argument("--dropout", type=float, default=SETTINGS.model.dropout, help="default: the demo recipe's")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -59,6 +66,9 @@ def parse_args(argv=None):
                         "then both compute the same gradients and the loss curves coincide")
     p.add_argument("--updates", type=int, default=200, help="timed training updates per model")
     p.add_argument("--warmup", type=int, default=5, help="first updates not timed")
+    p.add_argument("--train-bleu", action="store_true",
+                   help="after training, translate the test set with each trained model (beam 5; ours with "
+                        "vocabulary selection through it) and report BLEU: worth reading after about 1000 updates")
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--beams", default="5,1")
     p.add_argument("--batch-size", type=int, default=128)
@@ -98,6 +108,10 @@ def run_training(args, task, results):
     ours = convs2s_like(fconv, fconv_args, task)
     runs = [TrainingRun("fconv", fconv, task, "fp32", args.device),
             TrainingRun("ours", ours, task, "fp32", args.device, convs2s_criterion(task))]
+    if args.vocab_selection:
+        selection = convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection).vocabulary_selection
+        runs.append(TrainingRun(SELECTION, convs2s_like(fconv, fconv_args, task), task, "fp32", args.device,
+                                convs2s_criterion(task), selection))
     if args.low_precision != "none":
         runs.append(TrainingRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
                                 args.low_precision, args.device, convs2s_criterion(task)))
@@ -113,12 +127,23 @@ def run_training(args, task, results):
     valid = training_batches(task, args.max_tokens, 5 if args.quick else 10**9, split="valid")
     flops_per_token = train_flops(convs2s_like(fconv, fconv_args, task), task, batches[0]) / batches[0]["ntokens"]
     for run in runs:
+        results.setdefault(run.name, {})
         loss, nll = run.validation_loss(valid, task)
         results[run.name]["train tokens/s"] = run.tokens_per_second(args.warmup)
         results[run.name]["train GFLOP/s"] = run.tokens_per_second(args.warmup) * flops_per_token / 1e9
         results[run.name]["valid loss"] = loss
         results[run.name]["valid nll"] = nll
+        if run.selection is not None:
+            results[run.name]["train candidates per batch"] = sum(run.candidates) / len(run.candidates)
     results["loss curves"] = {run.name: run.losses for run in runs}
+    if args.train_bleu:
+        generation_tasks = {"fconv": task, SELECTION: convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)}
+        batches = generation_batches(task, args.batch_size, limit=1 if args.quick else None)
+        for run in runs:
+            generation = GenerationRun(run.name, run.model, generation_tasks.get(run.name, convs2s_task(task.cfg.data)),
+                                       generation_options(5), run.precision, args.device)
+            generation.translate(batches)
+            results[run.name]["BLEU after training"] = bleu(task, generation.hypotheses)
 
 
 def bleu(task, hypotheses, lang="de"):
@@ -137,6 +162,10 @@ def run_generation(args, task, fconv, fconv_args, results):
     batches = generation_batches(task, args.batch_size, limit=limit)
     n = sum(len(b["id"]) for b in batches)
     lean_task = convs2s_task(task.cfg.data)
+    if args.vocab_selection:
+        selection_task = convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)
+        sizes = [len(selection_task.vocabulary_selection.candidates(b["net_input"]["src_tokens"])) for b in batches]
+        results.setdefault(SELECTION, {})["candidates per batch"] = sum(sizes) / len(sizes)
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
@@ -145,6 +174,9 @@ def run_generation(args, task, fconv, fconv_args, results):
                               args.device),
                 GenerationRun("ours", convs2s_like(fconv, fconv_args, task), lean_task, options, "fp32",
                               args.device)]
+        if args.vocab_selection:
+            runs.append(GenerationRun(SELECTION, convs2s_like(fconv, fconv_args, task), selection_task, options,
+                                      "fp32", args.device))
         if args.low_precision != "none":
             runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), lean_task,
                                       options, args.low_precision, args.device))
@@ -160,13 +192,15 @@ def run_generation(args, task, fconv, fconv_args, results):
         results["sentences"] = n
 
 
-def memory(args, data_bin, phase, checkpoint, precision, beam=5):
+def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection=None):
     command = [sys.executable, "-m", "bench.memory", phase, str(checkpoint), "--data", str(data_bin),
                "--precision", precision, "--device", args.device, "--threads", str(args.threads),
                "--max-tokens", str(args.max_tokens), "--updates", str(2 if args.quick else 10),
                "--beam", str(beam), "--batch-size", str(args.batch_size)]
     if args.quick:
         command += ["--batches", "1", "--max-len-a", "1.2", "--max-len-b", "10"]
+    if vocab_selection:
+        command += ["--vocab-selection", str(vocab_selection)]
     # glibc returns every freed block of 64 KiB or more to the OS at once: the peak is then
     # what the workload holds, not where its heap's layout left freed blocks (without this,
     # two runs of the same workload differed by 300 MiB).
@@ -201,10 +235,14 @@ def run_memory(args, data_bin, task, fconv, fconv_args, results):
         for phase in ("train", "generate"):
             log(f"peak memory: {phase}")
             names = [("fconv", "fconv", "fp32"), ("ours", "ours", "fp32")]
+            if args.vocab_selection:
+                names.append((SELECTION, "ours", "fp32"))
             if args.low_precision != "none":
                 names.append((f"ours {args.low_precision}", "ours", args.low_precision))
             for name, model, precision in names:
-                results[name][f"{phase} peak MiB"] = memory(args, data_bin, phase, paths[phase, model], precision)
+                selection = args.vocab_selection if name == SELECTION else None
+                results.setdefault(name, {})[f"{phase} peak MiB"] = memory(args, data_bin, phase, paths[phase, model],
+                                                                           precision, vocab_selection=selection)
 
 
 def profile(args, task, fconv, fconv_args):
@@ -235,13 +273,14 @@ def profile(args, task, fconv, fconv_args):
 
 
 def print_table(args, results, machine):
-    names = [n for n in results if isinstance(results[n], dict) and n != "loss curves"]
+    names = [n for n in results if isinstance(results[n], dict) and n not in ("loss curves", "dictionaries")]
     metrics = []
     for name in names:
         metrics += [m for m in results[name] if m not in metrics]
     print(f"\nmachine: {machine['device']}, {args.threads} threads; torch.mm {machine['n']}^3: "
           f"fp32 {machine['fp32 GFLOP/s']:.0f} GFLOP/s, bf16 {machine['bf16 GFLOP/s']:.0f} GFLOP/s")
-    print(f"arch {args.arch}, Multi30k en-de as `make demo` prepares it; training: {args.updates} timed updates of "
+    data = {"demo": "Multi30k en-de as `make demo` prepares it", "words": "word-level Multi30k en-de"}[args.data]
+    print(f"arch {args.arch}, {data} (dictionaries {results['dictionaries']}); training: {args.updates} timed updates of "
           f"{args.max_tokens} tokens; generation: {results.get('sentences', '-')} sentences, batch {args.batch_size}"
           + ("  [QUICK: smoke test, not a measurement]" if args.quick else ""))
     header = ["metric"] + [n for n in names] + [f"{n} / fconv" for n in names if n != "fconv"]
@@ -276,13 +315,16 @@ def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
-    data_bin = prepare()
+    data_bin = prepare(args.data)
     task = translation_task(data_bin)
+    if args.vocab_selection == "build":
+        args.vocab_selection = str(candidates(args.data))
     machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_description(),
                "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),
                "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device) if native_bf16(args.device) else 0.0}
     low = f"ours {args.low_precision}"
-    results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {})}
+    results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {}),
+               "dictionaries": f"{len(task.source_dictionary)} / {len(task.target_dictionary)}"}
 
     def save():
         if args.json:

@@ -1,17 +1,28 @@
-"""The benchmark's data: the `make demo` recipe's Multi30k en-de, prepared the same way.
+"""The benchmark's data: Multi30k en-de prepared by the recipes' pipeline, in a cache folder.
 
-``convs2s_recipes.run.prepare_data("multi30k-demo")``: Moses normalization and tokenization,
-cleaning, 10,000 joint BPE merges, ``fairseq-preprocess --joined-dictionary``, the same
-bytes as the demo's ``work/multi30k-demo/prepared``. It lives in a cache folder outside the
-repository; the pipeline reuses what is still valid and rebuilds what is not.
+- ``demo``: the ``make demo`` recipe's data (``convs2s_recipes.run.prepare_data("multi30k-demo")``:
+  Moses normalization and tokenization, cleaning, 10,000 joint BPE merges, one joined
+  dictionary), the same bytes as the demo's ``work/multi30k-demo/prepared``.
+- ``words``: the same text at word level with every training word in the dictionaries (about
+  10k English and 18k German types), the setting of the paper's word-level models, where
+  vocabulary selection pays most.
+
+The pipeline reuses what is still valid and rebuilds what is not. With vocabulary selection,
+the candidates file is built by ``convs2s-align-dict --candidates`` from the training text the
+dictionaries were built on (BPE-segmented for ``demo``), also cached and rebuilt when it changes.
 """
+import dataclasses
 import os
 from pathlib import Path
 
 from convs2s_recipes.corpora import data_root
-from convs2s_recipes.run import prepare_data
+from convs2s_recipes.run import RECIPES, prepare_data
 
-RECIPE = "multi30k-demo"
+RECIPE = "multi30k-demo"  # whose training settings the benchmark uses (bench/training.py)
+DATASETS = {
+    "demo": RECIPES[RECIPE],
+    "words": dataclasses.replace(RECIPES[RECIPE], bpe_merges=None, nwords=-1, joined_dictionary=False),
+}
 
 
 def cache_root():
@@ -19,10 +30,26 @@ def cache_root():
     return Path(base) / "convs2s-bench"
 
 
-def prepare():
-    """The fairseq data-bin folder of the demo recipe's Multi30k en-de (built if needed)."""
-    _, _, _, data_bin = prepare_data(RECIPE, data_root(), str(cache_root() / RECIPE))
+def prepared_folder(name):
+    return cache_root() / ("multi30k-demo" if name == "demo" else f"multi30k-{name}") / "prepared"
+
+
+def prepare(name="demo"):
+    """The fairseq data-bin folder of data set ``name`` (built if needed)."""
+    _, _, _, data_bin = prepare_data(DATASETS[name], data_root(), str(prepared_folder(name).parent))
     return Path(data_bin)
+
+
+def candidates(name="demo", src="en", tgt="de"):
+    """The candidates file of data set ``name`` for ``--vocab-selection`` (built if needed)."""
+    from convs2s_preprocess.align import build_align_dict, find_aligner
+
+    prepared = prepared_folder(name)
+    train = prepared / "bpe" / "train" if DATASETS[name].bpe_merges else prepared / "tok" / "train.clean"
+    out = prepared.parent / "candidates"
+    build_align_dict(f"{train}.{src}", f"{train}.{tgt}", str(prepared.parent / "align.dict"), find_aligner(),
+                     str(out))
+    return out
 
 
 def test_text(lang):

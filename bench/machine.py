@@ -4,11 +4,13 @@ import time
 
 import torch
 
+from fairseq_convs2s_ext.tasks.convs2s_translation import cpu_has_native_bf16
+
 
 def native_bf16(device="cpu"):
-    """Whether bf16 matrix multiplies run natively (on a CPU without it, oneDNN emulates them
-    hundreds of times slower than fp32)."""
-    return device == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    """Whether bf16 matrix multiplies run natively: on a GPU, or a CPU where the plugin's
+    ``--autocast-bf16`` runs (it refuses a CPU that emulates them)."""
+    return device == "cuda" or cpu_has_native_bf16()
 
 
 def cpu_description():

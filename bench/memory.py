@@ -69,12 +69,13 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=None)
     parser.add_argument("--max-len-a", type=float, default=0.0)
     parser.add_argument("--max-len-b", type=int, default=200)
+    parser.add_argument("--vocab-selection", metavar="FILE", help="candidates file: ours with vocabulary selection")
     args = parser.parse_args(argv)
 
     import torch
 
     from .generation import GenerationRun, generation_batches, generation_options
-    from .models import translation_task
+    from .models import convs2s_task, translation_task
     from .training import TrainingRun, train_side_by_side, training_batches
 
     torch.set_num_threads(args.threads)
@@ -89,11 +90,14 @@ def main(argv=None):
         from .models import convs2s_criterion
 
         criterion = convs2s_criterion(task) if isinstance(model, ConvS2SModel) else None  # as in the timing
-        run = TrainingRun("m", model, task, args.precision, args.device, criterion)
+        selection = convs2s_task(args.data, vocab_selection=args.vocab_selection).vocabulary_selection
+        run = TrainingRun("m", model, task, args.precision, args.device, criterion, selection)
         workload = lambda: train_side_by_side([run], batches)  # noqa: E731
     else:
         batches = generation_batches(task, args.batch_size, limit=args.batches)
         options = generation_options(args.beam, args.max_len_a, args.max_len_b)
+        if args.vocab_selection:  # the plugin's task hands the generator each batch's candidates
+            task = convs2s_task(args.data, vocab_selection=args.vocab_selection)
         run = GenerationRun("m", model, task, options, args.precision, args.device)
         del model
         workload = lambda: run.translate(batches)  # noqa: E731

@@ -19,13 +19,15 @@ def translation_task(data_bin, src="en", tgt="de"):
     return TranslationTask.setup_task(cfg)
 
 
-def convs2s_task(data_bin, src="en", tgt="de"):
-    """The plugin's convs2s_translation: its generator has the lean beam step."""
+def convs2s_task(data_bin, src="en", tgt="de", vocab_selection=None):
+    """The plugin's convs2s_translation: its generator has the lean beam step; with
+    ``vocab_selection`` (a candidates file) each batch scores only its candidate words."""
     from fairseq import tasks
     from omegaconf import OmegaConf
 
     return tasks.setup_task(OmegaConf.create({"_name": "convs2s_translation", "data": str(data_bin),
-                                              "source_lang": src, "target_lang": tgt}))
+                                              "source_lang": src, "target_lang": tgt,
+                                              "vocab_selection": vocab_selection and str(vocab_selection)}))
 
 
 def new_fconv(task, arch, dropout, seed=1):

@@ -17,15 +17,16 @@ from pathlib import Path
 
 from convs2s_recipes.settings import fairseq_options
 
-from .data import RECIPE, cache_root
+from .data import cache_root
 from .training import SETTINGS
 
 
 def data_fingerprint(data_bin):
-    """sha256 (12 hex digits) of every file of the binarized folder, by name."""
+    """sha256 (12 hex digits) of the binarized folder's data and dictionaries, by name
+    (not of fairseq-preprocess's log, which names the machine's paths)."""
     digest = hashlib.sha256()
     for path in sorted(Path(data_bin).iterdir()):
-        if path.is_file():
+        if path.is_file() and path.name != "preprocess.log":
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -34,7 +35,7 @@ def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=5, max_token
     """Path of checkpoint_last.pt of `arch` trained `epochs` epochs on `data_bin`."""
     settings = fairseq_options(SETTINGS)
     settings_fingerprint = hashlib.sha256(" ".join(settings).encode()).hexdigest()[:8]
-    save_dir = cache_root() / f"reference-{RECIPE}-{data_fingerprint(data_bin)}-{settings_fingerprint}-{arch}-{epochs}ep"
+    save_dir = cache_root() / f"reference-{Path(data_bin).parent.parent.name}-{data_fingerprint(data_bin)}-{settings_fingerprint}-{arch}-{epochs}ep"
     checkpoint = save_dir / "checkpoint_last.pt"
     done = save_dir / "done"
     if done.exists():

@@ -33,13 +33,17 @@ def fairseq_criterion(task):
 
 
 def training_batches(task, max_tokens, count, seed=1, split="train"):
-    """The first `count` batches of a shuffled epoch, as fairseq-train forms them."""
+    """The first `count` batches of fairseq-train's shuffled epochs (as many epochs as needed;
+    one at most for another split)."""
     task.load_dataset(split)
-    itr = task.get_batch_iterator(
+    epochs = task.get_batch_iterator(
         dataset=task.dataset(split), max_tokens=max_tokens, max_positions=(1024, 1024),
         ignore_invalid_inputs=True, seed=seed, required_batch_size_multiple=8,
-    ).next_epoch_itr(shuffle=split == "train")
-    return list(itertools.islice(itr, count))
+    )
+    batches = list(itertools.islice(epochs.next_epoch_itr(shuffle=split == "train"), count))
+    while split == "train" and len(batches) < count:
+        batches += itertools.islice(epochs.next_epoch_itr(shuffle=True), count - len(batches))
+    return batches
 
 
 def autocast(device, precision):
@@ -56,8 +60,12 @@ def synchronize(device):
 class TrainingRun:
     """One model trained update by update; keeps the time and loss of each update."""
 
-    def __init__(self, name, model, task, precision="fp32", device="cpu", criterion=None):
+    def __init__(self, name, model, task, precision="fp32", device="cpu", criterion=None, selection=None):
+        """``selection``: a :class:`~fairseq_convs2s_ext.data.VocabularySelection` (ours only):
+        each batch scores its candidates, the gold targets among them, as
+        ``fairseq-train --vocab-selection`` does."""
         self.name, self.model, self.precision, self.device = name, model.to(device), precision, device
+        self.selection, self.candidates = selection, []
         self.criterion = criterion or fairseq_criterion(task)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = NAG(self.params, lr=SETTINGS.optimization.lr[0], momentum=SETTINGS.optimizer.momentum,
@@ -70,6 +78,10 @@ class TrainingRun:
         self.model.train()
         synchronize(self.device)
         start = time.perf_counter()
+        if self.selection is not None:
+            candidates = self.selection.candidates(sample["net_input"]["src_tokens"], sample["target"])
+            sample = dict(sample, candidates=candidates)
+            self.candidates.append(len(candidates))
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.precision):
             loss, sample_size, log = self.criterion(self.model, sample)

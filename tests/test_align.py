@@ -13,7 +13,7 @@ from typing import Optional
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, ROOT
 from convs2s_preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
                               aligned_pairs, build_align_dict, candidate_lines, count_links,
                               find_aligner, most_frequent, ranked_candidates, write_aligner_input)
@@ -21,7 +21,6 @@ from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
 from convs2s_preprocess.tokenize import tokenize_file
 
-REPO = Path(__file__).resolve().parents[1]
 MULTI30K = DATA / "multi30k"
 # What the real fast_align binary wrote for Multi30k en-de (see its README): the input
 # corpus, `fast_align -i corpus -d -o -v` (forward.links) and the dictionary from it.
@@ -152,7 +151,7 @@ needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(),
 
 def _align_dict(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("aligner", [
@@ -165,7 +164,7 @@ def test_multi30k_dictionary(tmp_path, aligner):
     out = tmp_path / "align.dict"
     proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
                            "-o", str(out), "--aligner", aligner],
-                          cwd=REPO, capture_output=True, text=True)
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert f"aligning 3000 pairs with {aligner}" in proc.stderr
     assert "(2 left out" in proc.stderr
@@ -229,7 +228,7 @@ def test_multi30k_candidates_with_eflomal(tmp_path):
     out, candidates = tmp_path / "align.dict", tmp_path / "candidates"
     proc = subprocess.run([str(Path(sys.executable).parent / "convs2s-align-dict"), "--src", src,
                            "--tgt", tgt, "-o", str(out), "--aligner", "eflomal", "--candidates",
-                           str(candidates)], cwd=REPO, capture_output=True, text=True)
+                           str(candidates)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     entries = dict(line.split(" ") for line in read_lines(str(out)))
     ranked = {}
@@ -285,7 +284,7 @@ def _occurrence_agreement(pairs: list, ours: dict, reference: dict) -> float:
 def _library_links(corpus: Path) -> list:
     """Run `python -m convs2s_preprocess.fastalign -i corpus -d -o -v` and return its links."""
     proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.fastalign", "-i", str(corpus),
-                           *FAST_ALIGN_SETTINGS], cwd=REPO, capture_output=True, text=True)
+                           *FAST_ALIGN_SETTINGS], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
@@ -343,7 +342,7 @@ def test_default_dictionary_agrees_with_the_fast_align_binary(tmp_path):
     src, tgt = _write_pairs(tmp_path / "data", pairs)
     out = tmp_path / "align.dict"
     proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
-                           "-o", str(out)], cwd=REPO, capture_output=True, text=True)
+                           "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     ours = dict(line.split(" ") for line in read_lines(str(out)))
     reference = dict(line.split(" ") for line in read_lines(str(REFERENCE / "align.dict")))
@@ -358,7 +357,7 @@ def test_library_runs_in_a_child_process(tmp_path):
     script = ("import sys; from convs2s_preprocess.align import main; "
               f"main(['--src', {src!r}, '--tgt', {tgt!r}, '-o', {str(tmp_path / 'align.dict')!r}]); "
               "print('systran_align' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "python -m convs2s_preprocess.fastalign" in proc.stderr
     assert proc.stdout.strip() == "False"
@@ -400,7 +399,7 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
     with open(tmp_path / "stderr", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
-             "-o", str(out_dir / "align.dict"), *options], cwd=REPO,
+             "-o", str(out_dir / "align.dict"), *options], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=log,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     marker = str(out_dir / WORK_PREFIX)  # in the aligner's arguments, not in the command's
@@ -445,7 +444,7 @@ def test_killed_run_stops_its_aligner_and_next_run_removes_its_folder(tmp_path):
     # ...until the next run in that folder, here on a small corpus
     src, tgt = _write_pairs(tmp_path / "small", _reference_pairs(200))
     run = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
-                          "-o", str(out_dir / "align.dict")], cwd=REPO, capture_output=True,
+                          "-o", str(out_dir / "align.dict")], cwd=ROOT, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr
     assert "which was killed" in run.stderr

@@ -18,15 +18,21 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, CONVS2S_DATA=str(DATA), XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(tmp_path)))
     # With fconv's encoder gradient scale both models compute the same updates.
-    proc = subprocess.run([sys.executable, "bench/benchmark.py", "--quick", "--fconv-gradient-scale", "--json", str(out)],
-                          cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run([sys.executable, "-m", "bench.benchmark", "--quick", "--fconv-gradient-scale",
+                           "--vocab-selection", "--train-bleu", "--json", str(out)],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "ours / fconv" in proc.stdout and "torch.mm" in proc.stdout
     results = json.loads(out.read_text())["results"]
     sentences = results["sentences"]
     for beam in (5, 1):
         assert results["ours"][f"beam {beam} identical"] == sentences == results["fconv"][f"beam {beam} identical"]
-    for name in ("fconv", "ours", "ours bf16"):
+    names = ["fconv", "ours", "ours, vocabulary selection"] + [n for n in results if n.startswith("ours b")]
+    for name in names:
         assert results[name]["train tokens/s"] > 0 and results[name]["generate peak MiB"] > 0
+        assert results[name]["BLEU after training"] >= 0
     assert abs(results["ours"]["valid loss"] / results["fconv"]["valid loss"] - 1) < 0.002
+    selection = results["ours, vocabulary selection"]
+    vocabulary = int(results["dictionaries"].split(" / ")[1])
+    assert 0 < selection["candidates per batch"] < vocabulary
+    assert selection["candidates per batch"] < selection["train candidates per batch"] <= vocabulary

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, ROOT
 from convs2s_preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
 from convs2s_preprocess.binarize import binarize
 from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
@@ -26,7 +26,6 @@ from convs2s_preprocess.textio import count_lines, read_lines
 from convs2s_preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normalize_punctuation,
                                  tokenize, tokenize_file)
 
-REPO = Path(__file__).resolve().parents[1]
 MULTI30K = DATA / "multi30k"
 RO_STS = DATA / "ro-sts-en-ro"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir() or not RO_STS.is_dir(),
@@ -227,7 +226,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
         run_step("demo", [{str(inp)!r}], [{str(out)!r}], action)
     """)
     inp.write_text("data\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT)
     assert proc.returncode == -9
     assert not out.exists() and not record.exists() and Path(temp_path(str(out))).exists()
     assert _step(inp, out)
@@ -238,7 +237,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
     # the record still describes that output, and the rerun rebuilds.
     built = record.read_text()
     inp.write_text("new data\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT)
     assert proc.returncode == -9
     assert out.read_text() == "DATA\n" and record.read_text() == built
     assert _step(inp, out)
@@ -358,7 +357,7 @@ def _fairseq_counts(log: Path) -> dict:
 
 
 def _run_prepare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.pipeline", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.pipeline", *args], cwd=ROOT,
                           capture_output=True, text=True)
 
 
