@@ -164,8 +164,9 @@ def run_generation(args, task, fconv, fconv_args, results):
     lean_task = convs2s_task(task.cfg.data)
     if args.vocab_selection:
         selection_task = convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)
-        sizes = [len(selection_task.vocabulary_selection.candidates(b["net_input"]["src_tokens"])) for b in batches]
-        results.setdefault(SELECTION, {})["candidates per batch"] = sum(sizes) / len(sizes)
+        rule = selection_task.vocabulary_selection
+        sizes = torch.cat([rule.candidates_per_sentence(b["net_input"]["src_tokens"]).ge(0).sum(1) for b in batches])
+        results.setdefault(SELECTION, {})["candidates per sentence"] = sizes.float().mean().item()
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step

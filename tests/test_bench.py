@@ -34,5 +34,4 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     assert abs(results["ours"]["valid loss"] / results["fconv"]["valid loss"] - 1) < 0.002
     selection = results["ours, vocabulary selection"]
     vocabulary = int(results["dictionaries"].split(" / ")[1])
-    assert 0 < selection["candidates per batch"] < vocabulary
-    assert selection["candidates per batch"] < selection["train candidates per batch"] <= vocabulary
+    assert 0 < selection["candidates per sentence"] < selection["train candidates per batch"] <= vocabulary

@@ -9,7 +9,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq.data import Dictionary
 
 from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
-from fairseq_convs2s_ext.data import CandidatesFileError, VocabularySelection, local_indices
+from fairseq_convs2s_ext.data import NO_WORD, CandidatesFileError, VocabularySelection, local_indices
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator
 from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
 from model_helpers import build, random_tokens
@@ -63,6 +63,53 @@ def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
     assert none.candidates(torch.tensor([[SRC.index("d"), SRC.eos()]])).tolist() == specials
     everything = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=10 ** 6, top_aligned=1)
     assert everything.candidates(src).tolist() == list(range(len(TGT)))
+
+
+def test_generation_takes_each_sentence_s_own_candidates(tmp_path):
+    """In generation each sentence gets the Lua rule applied to it alone: row b is what the
+    batch rule gives sentence b by itself, padded with NO_WORD."""
+    selection = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=2, top_aligned=2)
+    src = torch.tensor([[SRC.pad(), SRC.index("a"), SRC.index("b"), SRC.eos()],
+                        [SRC.index("c"), SRC.unk(), SRC.index("c"), SRC.eos()],
+                        [SRC.pad(), SRC.pad(), SRC.index("d"), SRC.eos()]])
+    rows = selection.candidates_per_sentence(src)
+    alone = [selection.candidates(src[b: b + 1]).tolist() for b in range(len(src))]
+    assert alone[1] == sorted(set(range(TGT.nspecial)) | set(ids(TGT, ["x0", "x1", "x5"])))
+    assert rows.size(1) == max(map(len, alone))
+    for row, words in zip(rows.tolist(), alone):
+        assert row == words + [NO_WORD] * (rows.size(1) - len(words))
+
+
+def test_per_sentence_candidates_translate_each_sentence_as_alone():
+    """A batch translated with each sentence's candidates gives every sentence the
+    hypotheses and scores it gets when translated alone with its candidates, while
+    sentences finish at different steps and fairseq shrinks and reorders the batch."""
+    torch.manual_seed(0)
+    model, d = build(vocab=80)
+    model.eval()
+    with torch.no_grad():  # end sentences early and at different steps
+        model.decoder.fc3.bias[d.eos()] += 0.15
+    src = random_tokens(d, 6, 7)
+    generator = LeanSequenceGenerator([model], d, beam_size=3, max_len_b=12)
+    specials = torch.arange(d.nspecial)
+    rows = [torch.cat([specials, torch.randperm(len(d) - d.nspecial)[: 10 + 7 * b].sort().values + d.nspecial])
+            for b in range(len(src))]
+    candidates = torch.full((len(src), max(map(len, rows))), NO_WORD)
+    for b, row in enumerate(rows):
+        candidates[b, : len(row)] = row
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((len(src),), 7)}}
+    batch = generator.generate([model], dict(sample, candidates=candidates))
+    lengths = set()
+    for b, nbest in enumerate(batch):
+        one = {"net_input": {"src_tokens": src[b: b + 1], "src_lengths": torch.tensor([7])}}
+        (alone,) = generator.generate([model], dict(one, candidates=rows[b]))
+        for x, y in zip(nbest, alone):
+            assert torch.equal(x["tokens"], y["tokens"])
+            assert set(x["tokens"].tolist()) <= set(rows[b].tolist())
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=1e-5, atol=1e-5)
+        lengths.add(len(nbest[0]["tokens"]))
+    assert len(lengths) > 2  # the sentences ended at different steps
+    assert model.decoder.candidate_rows is None  # the rows kept for the search are let go
 
 
 @pytest.mark.parametrize("lines, message", [

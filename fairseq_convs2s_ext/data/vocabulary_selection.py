@@ -12,9 +12,16 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
 - in training (and validation) only, every gold target word of the batch, so that no target
   is lost to the selection.
 
+Training takes the candidates of the whole batch, as fairseq-lua did. Generation takes each
+sentence's own (fairseq-lua's generate-lines translated a sentence at a time): a batch of 128
+word-level Multi30k sentences has about 4,200 candidates, one sentence about 1,000, so the
+output layer does a quarter of the work, and a translation no longer depends on the other
+sentences of its batch.
+
 The candidates of a batch are a sorted tensor of target dictionary ids, so the special
 symbols come first at their own ids (0..nspecial-1) and local index i stands for word
-``candidates[i]``; a set holding every word is the full vocabulary in its own order.
+``candidates[i]``; a set holding every word is the full vocabulary in its own order. Those
+of each sentence are a row each, sorted the same way and padded with :data:`NO_WORD`.
 
 The candidates file holds one line per source word, ``source target1 count1 target2 count2
 ...``, targets ranked by count. Words outside the model's dictionaries are skipped, as
@@ -29,6 +36,7 @@ from typing import Optional
 
 import torch
 
+NO_WORD = -1  # pads the rows of per-sentence candidates
 MIN_COVERAGE = 0.5  # of a dictionary's words, for a candidates file built on its training text
 # Symbols that fairseq-preprocess adds to pad a dictionary's size (--padding-factor).
 MADE_UP_WORD = "madeupword"
@@ -130,6 +138,22 @@ class VocabularySelection:
         if target is not None:
             chosen[target.reshape(-1)] = True
         return chosen.nonzero().squeeze(1)
+
+    def candidates_per_sentence(self, src_tokens: torch.Tensor) -> torch.Tensor:
+        """Each sentence's candidates (generation): row b holds the sorted target ids of
+        sentence b's, padded with :data:`NO_WORD` to the longest row (B x C)."""
+        if self.aligned.device != src_tokens.device:
+            self.aligned = self.aligned.to(src_tokens.device)
+        sentences = src_tokens.size(0)
+        chosen = torch.zeros(sentences, self.vocab_size, dtype=torch.bool, device=src_tokens.device)
+        chosen[:, : self.always] = True
+        chosen.scatter_(1, self.aligned[src_tokens].view(sentences, -1).long(), True)
+        counts = chosen.sum(1)
+        rows, words = chosen.nonzero(as_tuple=True)  # row by row, each row's words in order
+        columns = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+        candidates = torch.full((sentences, int(counts.max())), NO_WORD, dtype=torch.long, device=rows.device)
+        candidates[rows, columns] = words
+        return candidates
 
 
 def local_indices(candidates: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,11 @@ plain beam search (sampling, diverse beam, constraints, prefix-allowed tokens,
 tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
 
 Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
-same mechanism: the models score only the batch's candidate words, the best words of each
-row are chosen among them, and the table maps them back to full dictionary ids.
+same mechanism: the models score only the candidate words (the batch's, or each sentence's),
+the best words of each row are chosen among them, and the table maps them back to full
+dictionary ids. With a sentence's own candidates, the ensemble follows which sentence each
+hypothesis row belongs to through fairseq's reorderings (``reorder_encoder_out``), so that
+the models score every sentence's rows against its own words.
 """
 import contextlib
 import math
@@ -57,19 +60,38 @@ class LocalVocabularyEnsemble(EnsembleModel):
     local width), for :class:`LocalVocabularyBeamSearch`.
     """
 
-    def __init__(self, models, nspecial: int):
+    def __init__(self, models, nspecial: int, beam_size: int):
         super().__init__(models)
         self.nspecial = nspecial
+        self.beam_size = beam_size
         self.words_per_row = 0
         self.candidates: Optional[torch.Tensor] = None
         self.words: Optional[torch.Tensor] = None
+        self.set_decoder_beam_size(beam_size)
+
+    def select(self, candidates: Optional[torch.Tensor]):
+        """The candidates of the next call: None (every word), the batch's (1-D), or each
+        sentence's (a row each, in the batch's order)."""
+        self.candidates = self.sentence_candidates = candidates
+        self.row_sentences = None  # the sentence of each hypothesis row, once beam search expands the batch
+
+    def reorder_encoder_out(self, encoder_outs, new_order):
+        if self.sentence_candidates is not None and self.sentence_candidates.dim() == 2:
+            rows = new_order if self.row_sentences is None else self.row_sentences[new_order]
+            sentences = rows.view(-1, self.beam_size)[:, 0]  # a sentence's hypotheses are consecutive
+            if self.row_sentences is None or not torch.equal(sentences, self.row_sentences[:: self.beam_size]):
+                self.candidates = self.sentence_candidates[sentences]  # finished sentences left
+            self.row_sentences = rows
+        return super().reorder_encoder_out(encoder_outs, new_order)
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
         lprobs, attn = self.full_log_probs(tokens, encoder_outs, incremental_states, temperature)
         best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
         best_words = best.indices + self.nspecial
-        if self.candidates is not None:
+        if self.candidates is not None and self.candidates.dim() == 1:
             best_words = self.candidates[best_words]
+        elif self.candidates is not None:  # each sentence's hypotheses among its own words
+            best_words = self.candidates.gather(1, best_words.view(self.candidates.size(0), -1)).view_as(best_words)
         specials = torch.arange(self.nspecial, device=lprobs.device).expand(lprobs.size(0), -1)
         self.words = torch.cat([specials, best_words], dim=1)
         return torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), attn
@@ -124,16 +146,16 @@ class LeanSequenceGenerator(SequenceGenerator):
     fairseq's own search, which it is otherwise.
 
     A sample with ``"candidates"`` (vocabulary selection: sorted target ids, the special
-    symbols first) is translated with its models scoring those words only, and its
-    hypotheses are in full dictionary ids; that needs the lean step.
+    symbols first; the batch's, or a row for each sentence) is translated with its models
+    scoring those words only, and its hypotheses are in full dictionary ids; that needs the
+    lean step.
     """
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
         self.lean = None  # (model, search) swapped in during a call
         if self.lean_step_is_exact(tgt_dict):
-            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial)
-            model.set_decoder_beam_size(self.beam_size)
+            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial, self.beam_size)
             model.eval()
             self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model))
 
@@ -165,15 +187,23 @@ class LeanSequenceGenerator(SequenceGenerator):
         """The lean model and search, for one call: each row offers its 2 x beam best words
         (all of them, if the vocabulary or the candidates are fewer)."""
         model, beam_search = self.lean
-        columns = self.vocab_size if candidates is None else candidates.numel()
-        model.candidates = candidates
+        if candidates is None:
+            columns = self.vocab_size
+        elif candidates.dim() == 1:
+            columns = candidates.numel()
+        else:  # the fewest words of a sentence
+            columns = int(candidates.ge(0).sum(1).min())
+        model.select(candidates)
         model.words_per_row = min(CANDIDATE_MULTIPLE * self.beam_size, columns - model.nspecial)
         stock = self.model, self.search, self.vocab_size
         self.model, self.search, self.vocab_size = model, beam_search, model.nspecial + model.words_per_row
         try:
             yield
         finally:
-            model.candidates = model.words = None
+            model.select(None)
+            model.words = None
+            for decoder_model in model.models:
+                decoder_model.decoder.forget_candidates()
             self.model, self.search, self.vocab_size = stock
 
 

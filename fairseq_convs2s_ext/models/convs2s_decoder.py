@@ -1,4 +1,5 @@
 """The ConvS2S decoder (sections 3.1 to 3.3)."""
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder
@@ -41,6 +42,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             channels = out_channels
         self.num_attention_layers = sum(attention)
         self.need_attn = True
+        self.candidate_rows = None  # (candidates, W_o rows, b_o rows), kept in generation
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -90,11 +92,33 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def output_layer(self, features, candidates=None):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
-        selection: only their rows of W_o and b_o are used)."""
+        selection: only their rows of W_o and b_o are used). ``candidates`` are the sorted
+        ids of the batch's words (1-D), or of each sentence's (S x C, padded with negative
+        ids, whose logits are -inf), the hypotheses of a sentence being consecutive rows of
+        ``features``. Out of training, the rows are gathered once for each ``candidates``
+        tensor, not at every step of a beam search (see :meth:`forget_candidates`)."""
         if candidates is None:
             return self.fc3(features)
-        return F.linear(features, self.fc3.weight.index_select(0, candidates),
-                        self.fc3.bias.index_select(0, candidates))
+        weight, bias = self.rows_of(candidates)
+        if candidates.dim() == 1:
+            return F.linear(features, weight, bias)
+        hypotheses, steps, channels = features.shape
+        by_sentence = features.reshape(candidates.size(0), -1, channels)
+        return torch.baddbmm(bias.unsqueeze(1), by_sentence, weight.transpose(1, 2)).view(hypotheses, steps, -1)
+
+    def rows_of(self, candidates):
+        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word)."""
+        kept = self.candidate_rows
+        if kept is not None and kept[0] is candidates:
+            return kept[1], kept[2]
+        words = candidates.clamp(min=0)
+        weight, bias = self.fc3.weight[words], self.fc3.bias[words].masked_fill(candidates < 0, float("-inf"))
+        self.candidate_rows = None if self.training else (candidates, weight, bias)
+        return weight, bias
+
+    def forget_candidates(self):
+        """Drop the rows kept for the last candidates (at the end of a batch's search)."""
+        self.candidate_rows = None
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         self.need_attn = need_attn

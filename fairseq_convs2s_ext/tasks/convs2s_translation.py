@@ -42,8 +42,9 @@ each through a task hook:
   the dictionary file "@@ " that fairseq's option declares as its constant.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--vocab-selection FILE``, each
   batch gets its candidate target words (``sample["candidates"]``, see
-  :mod:`fairseq_convs2s_ext.data.vocabulary_selection`; in training and validation they
-  include the gold targets), which the criterion and the generator hand to the model.
+  :mod:`fairseq_convs2s_ext.data.vocabulary_selection`: in training and validation the
+  batch's, the gold targets among them; in generation each sentence's own), which the
+  criterion and the generator hand to the model.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
   runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
@@ -284,13 +285,17 @@ class ConvS2STranslationTask(TranslationTask):
         return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
     def _with_candidates(self, sample, training):
-        """The batch with its candidate target words (``--vocab-selection``); in training
-        and validation they include the batch's gold target words."""
+        """The batch with its candidate target words (``--vocab-selection``): in training
+        and validation the batch's, its gold target words among them; in generation each
+        sentence's own."""
         if not sample:  # fairseq's empty dummy batch
             return sample
-        target = sample.get("target") if training else None
-        return dict(sample, candidates=self.vocabulary_selection.candidates(
-            sample["net_input"]["src_tokens"], target))
+        src_tokens = sample["net_input"]["src_tokens"]
+        if training:
+            candidates = self.vocabulary_selection.candidates(src_tokens, sample.get("target"))
+        else:
+            candidates = self.vocabulary_selection.candidates_per_sentence(src_tokens)
+        return dict(sample, candidates=candidates)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, and
