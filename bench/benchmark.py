@@ -130,7 +130,8 @@ def run_training(args, task, results):
         results.setdefault(run.name, {})
         loss, nll = run.validation_loss(valid, task)
         results[run.name]["train tokens/s"] = run.tokens_per_second(args.warmup)
-        results[run.name]["train GFLOP/s"] = run.tokens_per_second(args.warmup) * flops_per_token / 1e9
+        if run.selection is None:  # the FLOPs counted are the full vocabulary's
+            results[run.name]["train GFLOP/s"] = run.tokens_per_second(args.warmup) * flops_per_token / 1e9
         results[run.name]["valid loss"] = loss
         results[run.name]["valid nll"] = nll
         if run.selection is not None:
@@ -247,25 +248,30 @@ def run_memory(args, data_bin, task, fconv, fconv_args, results):
 
 
 def profile(args, task, fconv, fconv_args):
-    """torch.profiler tables: one training update and one beam-5 batch of each model."""
+    """torch.profiler tables: one training update and one beam-5 batch of each model (ours
+    with the lean beam step, and with vocabulary selection if asked for)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
     sample = training_batches(task, args.max_tokens, 1)[0]
     batch = generation_batches(task, args.batch_size, limit=2)[1]
     copies = {"fconv": lambda: fconv_copy(fconv, fconv_args, task), "ours": lambda: convs2s_like(fconv, fconv_args, task)}
-    variants = [("fconv", "fconv", "fp32"), ("ours", "ours", "fp32")]
+    lean_task = convs2s_task(task.cfg.data)
+    variants = [("fconv", "fconv", "fp32", task), ("ours", "ours", "fp32", lean_task)]
+    if args.vocab_selection:
+        variants.append((SELECTION, "ours", "fp32", convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)))
     if args.low_precision != "none":
-        variants.append((f"ours {args.low_precision}", "ours", args.low_precision))
-    for name, model, precision in variants:
+        variants.append((f"ours {args.low_precision}", "ours", args.low_precision, lean_task))
+    for name, model, precision, generation_task in variants:
         run = TrainingRun(name, copies[model](), task, precision, args.device,
-                          convs2s_criterion(task) if model == "ours" else None)
+                          convs2s_criterion(task) if model == "ours" else None,
+                          getattr(generation_task, "vocabulary_selection", None))
         run.update(sample)
         with torch_profile(activities=activities) as prof:
             run.update(sample)
         print(f"\n== training update, {name} ==")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
-        gen = GenerationRun(name, copies[model](), task, generation_options(5), precision, args.device)
+        gen = GenerationRun(name, copies[model](), generation_task, generation_options(5), precision, args.device)
         gen.translate([batch])
         with torch_profile(activities=activities) as prof:
             gen.translate([batch])
@@ -351,7 +357,9 @@ def main(argv=None):
             if "memory" not in skip:
                 run_memory(args, data_bin, task, fconv, fconv_args, results)
     finally:
-        for dtype in ("fp32", "bf16"):  # the best of a measurement before and after: the machine is shared
+        # the best of a measurement before and after: the machine is shared (bf16 only where
+        # it is native: emulated, one 2048^3 product takes about a minute)
+        for dtype in ("fp32", "bf16") if native_bf16(args.device) else ("fp32",):
             again = matmul_gflops(torch.float32 if dtype == "fp32" else torch.bfloat16, args.device)
             machine[f"{dtype} GFLOP/s"] = max(machine[f"{dtype} GFLOP/s"], again)
         save()
