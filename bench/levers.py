@@ -1,6 +1,6 @@
 """What each speed lever of convs2s buys: the same model with levers switched off one at a time.
 
-    python bench/levers.py [--checkpoint FCONV.pt] [--sentences N] [--beam 5] [--updates N]
+    python -m bench.levers [--checkpoint FCONV.pt] [--batches N] [--beam 5] [--updates N]
 
 Generation (beam search over the test set, fairseq's SequenceGenerator) and training
 (updates on the same batches) of convs2s imported from the same fconv, with:
@@ -13,7 +13,7 @@ Generation (beam search over the test set, fairseq's SequenceGenerator) and trai
 - ``fairseq's criterion``: training with label_smoothed_cross_entropy (log_softmax over the
   whole batch) instead of convs2s_cross_entropy's blockwise loss;
 - ``out-of-place sums``: (a + b) * sqrt(0.5) as two new tensors;
-- ``bf16``: the whole model under torch.autocast(bfloat16).
+- ``bf16``: the whole model under torch.autocast(bfloat16) (only where bf16 is native).
 
 Runs take turns pass by pass, so load from other processes hits them alike; the best
 pass counts. Prints one row per variant with its speed relative to ``all levers``.
@@ -30,6 +30,7 @@ import torch
 
 from bench.data import prepare
 from bench.generation import GenerationRun, generation_batches, generation_options
+from bench.machine import native_bf16
 from bench.models import convs2s_criterion, convs2s_like, load_fconv, new_fconv, translation_task
 from bench.reference import reference_checkpoint
 from bench.training import TrainingRun, training_batches
@@ -85,7 +86,8 @@ def main(argv=None):
     task = translation_task(data_bin)
     fconv, fconv_args = load_fconv(args.checkpoint or reference_checkpoint(data_bin), task)
 
-    levers = [None, "no shared source", "no weight-norm fold", "attention kept", "out-of-place sums", "bf16"]
+    bf16 = ["bf16"] if native_bf16() else []  # emulated bf16 runs hundreds of times slower
+    levers = [None, "no shared source", "no weight-norm fold", "attention kept", "out-of-place sums", *bf16]
     batches = generation_batches(task, 128, limit=args.batches)
     runs = []
     for lever in levers:
@@ -108,7 +110,7 @@ def main(argv=None):
         fresh, fresh_args = new_fconv(task, fconv_args.arch, 0.2)
         batches = training_batches(task, 4000, args.updates + 2)
         runs = []
-        for lever in (None, "fairseq's criterion", "out-of-place sums", "bf16"):
+        for lever in (None, "fairseq's criterion", "out-of-place sums", *bf16):
             model, context = variant(fresh, fresh_args, task, lever)
             criterion = None if lever == "fairseq's criterion" else convs2s_criterion(task)
             runs.append((lever, context, TrainingRun(str(lever), model, task, "bf16" if lever == "bf16" else "fp32",
