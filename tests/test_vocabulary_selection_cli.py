@@ -100,7 +100,7 @@ def test_generate_and_interactive_with_selection_and_unknown_word_replacement(mo
     assert len(hyps) == 20 and all("<unk>" not in h for _, h in hyps)
 
 
-def test_an_ensemble_shares_each_batch_s_candidates(model):
+def test_an_ensemble_translates_with_each_sentence_s_candidates(model):
     _, checkpoints, _, candidates, _ = model
     ensemble = f"{checkpoints / 'checkpoint2.pt'}:{checkpoints / 'checkpoint3.pt'}"
     output = fairseq(model, "fairseq-generate", "--vocab-selection", candidates, *SELECTION, checkpoint=ensemble)
