@@ -103,15 +103,14 @@ def train_flops(model, task, sample):
     return counter.get_total_flops()
 
 
-def run_training(args, task, results):
+def run_training(args, task, lean_task, selection_task, results):
     fconv, fconv_args = new_fconv(task, args.arch, args.dropout)
     ours = convs2s_like(fconv, fconv_args, task)
     runs = [TrainingRun("fconv", fconv, task, "fp32", args.device),
             TrainingRun("ours", ours, task, "fp32", args.device, convs2s_criterion(task))]
-    if args.vocab_selection:
-        selection = convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection).vocabulary_selection
+    if selection_task is not None:
         runs.append(TrainingRun(SELECTION, convs2s_like(fconv, fconv_args, task), task, "fp32", args.device,
-                                convs2s_criterion(task), selection))
+                                convs2s_criterion(task), selection_task.vocabulary_selection))
     if args.low_precision != "none":
         runs.append(TrainingRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), task,
                                 args.low_precision, args.device, convs2s_criterion(task)))
@@ -138,10 +137,10 @@ def run_training(args, task, results):
             results[run.name]["train candidates per batch"] = sum(run.candidates) / len(run.candidates)
     results["loss curves"] = {run.name: run.losses for run in runs}
     if args.train_bleu:
-        generation_tasks = {"fconv": task, SELECTION: convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)}
+        generation_tasks = {"fconv": task, SELECTION: selection_task}
         batches = generation_batches(task, args.batch_size, limit=1 if args.quick else None)
         for run in runs:
-            generation = GenerationRun(run.name, run.model, generation_tasks.get(run.name, convs2s_task(task.cfg.data)),
+            generation = GenerationRun(run.name, run.model, generation_tasks.get(run.name, lean_task),
                                        generation_options(5), run.precision, args.device)
             generation.translate(batches)
             results[run.name]["BLEU after training"] = bleu(task, generation.hypotheses)
@@ -158,13 +157,11 @@ def bleu(task, hypotheses, lang="de"):
     return sacrebleu_score(text, [references[i] for i in ids])["score"]
 
 
-def run_generation(args, task, fconv, fconv_args, results):
+def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, results):
     limit = 1 if args.quick else None
     batches = generation_batches(task, args.batch_size, limit=limit)
     n = sum(len(b["id"]) for b in batches)
-    lean_task = convs2s_task(task.cfg.data)
-    if args.vocab_selection:
-        selection_task = convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)
+    if selection_task is not None:
         rule = selection_task.vocabulary_selection
         sizes = torch.cat([rule.candidates_per_sentence(b["net_input"]["src_tokens"]).ge(0).sum(1) for b in batches])
         results.setdefault(SELECTION, {})["candidates per sentence"] = sizes.float().mean().item()
@@ -176,7 +173,7 @@ def run_generation(args, task, fconv, fconv_args, results):
                               args.device),
                 GenerationRun("ours", convs2s_like(fconv, fconv_args, task), lean_task, options, "fp32",
                               args.device)]
-        if args.vocab_selection:
+        if selection_task is not None:
             runs.append(GenerationRun(SELECTION, convs2s_like(fconv, fconv_args, task), selection_task, options,
                                       "fp32", args.device))
         if args.low_precision != "none":
@@ -247,7 +244,7 @@ def run_memory(args, data_bin, task, fconv, fconv_args, results):
                                                                            precision, vocab_selection=selection)
 
 
-def profile(args, task, fconv, fconv_args):
+def profile(args, task, lean_task, selection_task, fconv, fconv_args):
     """torch.profiler tables: one training update and one beam-5 batch of each model (ours
     with the lean beam step, and with vocabulary selection if asked for)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -256,10 +253,9 @@ def profile(args, task, fconv, fconv_args):
     sample = training_batches(task, args.max_tokens, 1)[0]
     batch = generation_batches(task, args.batch_size, limit=2)[1]
     copies = {"fconv": lambda: fconv_copy(fconv, fconv_args, task), "ours": lambda: convs2s_like(fconv, fconv_args, task)}
-    lean_task = convs2s_task(task.cfg.data)
     variants = [("fconv", "fconv", "fp32", task), ("ours", "ours", "fp32", lean_task)]
-    if args.vocab_selection:
-        variants.append((SELECTION, "ours", "fp32", convs2s_task(task.cfg.data, vocab_selection=args.vocab_selection)))
+    if selection_task is not None:
+        variants.append((SELECTION, "ours", "fp32", selection_task))
     if args.low_precision != "none":
         variants.append((f"ours {args.low_precision}", "ours", args.low_precision, lean_task))
     for name, model, precision, generation_task in variants:
@@ -280,7 +276,7 @@ def profile(args, task, fconv, fconv_args):
 
 
 def print_table(args, results, machine):
-    names = [n for n in results if isinstance(results[n], dict) and n not in ("loss curves", "dictionaries")]
+    names = [n for n in results if isinstance(results[n], dict) and n != "loss curves"]
     metrics = []
     for name in names:
         metrics += [m for m in results[name] if m not in metrics]
@@ -326,6 +322,8 @@ def main(argv=None):
     task = translation_task(data_bin)
     if args.vocab_selection == "build":
         args.vocab_selection = str(candidates(args.data))
+    lean_task = convs2s_task(data_bin)  # ours translates with the lean beam step
+    selection_task = convs2s_task(data_bin, vocab_selection=args.vocab_selection) if args.vocab_selection else None
     machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_description(),
                "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),
                "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device) if native_bf16(args.device) else 0.0}
@@ -340,7 +338,7 @@ def main(argv=None):
 
     try:  # a failing phase still leaves the table of the others
         if "train" not in skip:
-            run_training(args, task, results)
+            run_training(args, task, lean_task, selection_task, results)
             save()
         if not {"generate", "memory"} <= skip or args.profile:
             if args.checkpoint:
@@ -350,9 +348,9 @@ def main(argv=None):
             else:
                 fconv, fconv_args = load_fconv(reference_checkpoint(data_bin, args.arch, args.reference_epochs), task)
             if args.profile:
-                profile(args, task, fconv, fconv_args)
+                profile(args, task, lean_task, selection_task, fconv, fconv_args)
             if "generate" not in skip:
-                run_generation(args, task, fconv, fconv_args, results)
+                run_generation(args, task, lean_task, selection_task, fconv, fconv_args, results)
                 save()
             if "memory" not in skip:
                 run_memory(args, data_bin, task, fconv, fconv_args, results)

@@ -31,7 +31,7 @@ def cache_root():
 
 
 def prepared_folder(name):
-    return cache_root() / ("multi30k-demo" if name == "demo" else f"multi30k-{name}") / "prepared"
+    return cache_root() / f"multi30k-{name}" / "prepared"
 
 
 def prepare(name="demo"):

@@ -80,6 +80,7 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     task = translation_task(args.data)
+    selection_task = convs2s_task(args.data, vocab_selection=args.vocab_selection) if args.vocab_selection else None
     from fairseq import checkpoint_utils
 
     (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], task=task)
@@ -90,15 +91,14 @@ def main(argv=None):
         from .models import convs2s_criterion
 
         criterion = convs2s_criterion(task) if isinstance(model, ConvS2SModel) else None  # as in the timing
-        selection = convs2s_task(args.data, vocab_selection=args.vocab_selection).vocabulary_selection
-        run = TrainingRun("m", model, task, args.precision, args.device, criterion, selection)
+        run = TrainingRun("m", model, task, args.precision, args.device, criterion,
+                          selection_task and selection_task.vocabulary_selection)
         workload = lambda: train_side_by_side([run], batches)  # noqa: E731
     else:
         batches = generation_batches(task, args.batch_size, limit=args.batches)
         options = generation_options(args.beam, args.max_len_a, args.max_len_b)
-        if args.vocab_selection:  # the plugin's task hands the generator each batch's candidates
-            task = convs2s_task(args.data, vocab_selection=args.vocab_selection)
-        run = GenerationRun("m", model, task, options, args.precision, args.device)
+        # the plugin's task hands the generator each sentence's candidates
+        run = GenerationRun("m", model, selection_task or task, options, args.precision, args.device)
         del model
         workload = lambda: run.translate(batches)  # noqa: E731
     before, peak = measure(workload, args.device)

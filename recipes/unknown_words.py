@@ -8,7 +8,6 @@ scores and what became of each ``<unk>``.
 """
 import os
 
-
 from convs2s_preprocess.align import build_align_dict, find_aligner
 from convs2s_preprocess.textio import read_lines
 

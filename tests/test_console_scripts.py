@@ -9,7 +9,6 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = dict(re.findall(r'"([\w-]+) = ([\w.]+:\w+)"', (ROOT / "setup.py").read_text()))
-# preprocess/pipeline.py, left to the lead: its -s and -t have no help text yet.
 
 
 def help_of(entry_point):

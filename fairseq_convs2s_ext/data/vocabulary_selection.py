@@ -127,14 +127,19 @@ class VocabularySelection:
         return cls(read_candidates(path, src_dict, tgt_dict, top_aligned), tgt_dict.nspecial,
                    len(tgt_dict), most_common)
 
+    def _aligned_on(self, device):
+        """The table of aligned words, moved once to the device of the batches."""
+        if self.aligned.device != device:
+            self.aligned = self.aligned.to(device)
+        return self.aligned
+
     def candidates(self, src_tokens: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The sorted target ids of a batch's candidates; ``target`` (its gold target words,
         in training) adds them. On the device of ``src_tokens``."""
-        if self.aligned.device != src_tokens.device:
-            self.aligned = self.aligned.to(src_tokens.device)
+        aligned = self._aligned_on(src_tokens.device)
         chosen = torch.zeros(self.vocab_size, dtype=torch.bool, device=src_tokens.device)
         chosen[: self.always] = True
-        chosen[self.aligned[src_tokens.unique()].view(-1)] = True
+        chosen[aligned[src_tokens.unique()].view(-1)] = True
         if target is not None:
             chosen[target.reshape(-1)] = True
         return chosen.nonzero().squeeze(1)
@@ -142,12 +147,11 @@ class VocabularySelection:
     def candidates_per_sentence(self, src_tokens: torch.Tensor) -> torch.Tensor:
         """Each sentence's candidates (generation): row b holds the sorted target ids of
         sentence b's, padded with :data:`NO_WORD` to the longest row (B x C)."""
-        if self.aligned.device != src_tokens.device:
-            self.aligned = self.aligned.to(src_tokens.device)
+        aligned = self._aligned_on(src_tokens.device)
         sentences = src_tokens.size(0)
         chosen = torch.zeros(sentences, self.vocab_size, dtype=torch.bool, device=src_tokens.device)
         chosen[:, : self.always] = True
-        chosen.scatter_(1, self.aligned[src_tokens].view(sentences, -1).long(), True)
+        chosen.scatter_(1, aligned[src_tokens].view(sentences, -1).long(), True)
         counts = chosen.sum(1)
         rows, words = chosen.nonzero(as_tuple=True)  # row by row, each row's words in order
         columns = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]

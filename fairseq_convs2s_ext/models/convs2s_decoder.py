@@ -111,8 +111,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         kept = self.candidate_rows
         if kept is not None and kept[0] is candidates:
             return kept[1], kept[2]
-        words = candidates.clamp(min=0)
-        weight, bias = self.fc3.weight[words], self.fc3.bias[words].masked_fill(candidates < 0, float("-inf"))
+        words = candidates.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
+        weight = self.fc3.weight.index_select(0, words).view(*candidates.shape, -1)
+        bias = self.fc3.bias.index_select(0, words).view_as(candidates).masked_fill(candidates < 0, float("-inf"))
         self.candidate_rows = None if self.training else (candidates, weight, bias)
         return weight, bias
 
