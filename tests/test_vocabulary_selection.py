@@ -109,7 +109,39 @@ def test_per_sentence_candidates_translate_each_sentence_as_alone():
             torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=1e-5, atol=1e-5)
         lengths.add(len(nbest[0]["tokens"]))
     assert len(lengths) > 2  # the sentences ended at different steps
-    assert model.decoder.candidate_rows is None  # the rows kept for the search are let go
+
+
+def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
+    """Generation memory: the words every sentence shares (specials, most common) are
+    scored with W_o's own rows; only each sentence's other words' rows are gathered, once,
+    and when sentences finish the rows left move down in the same tensor."""
+    torch.manual_seed(0)
+    model, d = build(vocab=60)
+    model.eval()
+    decoder = model.decoder
+    shared = d.nspecial + 5
+    rows = [torch.cat([torch.arange(shared), torch.tensor(own)])
+            for own in [[20, 30], [21, 31, 41], [22, 32, 42, 52]]]
+    candidates = torch.full((3, 4 + shared), NO_WORD)
+    for b, row in enumerate(rows):
+        candidates[b, : len(row)] = row
+    beam, src = 2, random_tokens(d, 3, 5)
+    encoder_out = model.encoder(src.repeat_interleave(beam, 0), torch.full((3 * beam,), 5))
+    state, prev = {}, torch.full((3 * beam, 1), d.eos())
+    with torch.no_grad():
+        logits, _ = decoder(prev, encoder_out, state, candidates=candidates)
+        full, _ = decoder(prev, encoder_out, {})
+    kept = decoder.get_incremental_state(state, "candidate_rows")
+    assert kept["shared"] == shared and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
+    for b, row in enumerate(rows):
+        hypotheses = slice(b * beam, (b + 1) * beam)
+        torch.testing.assert_close(logits[hypotheses, :, : len(row)], full[hypotheses, :, row])
+        assert logits[hypotheses, :, len(row):].eq(float("-inf")).all()  # no word
+    storage = kept["weight"].data_ptr()
+    decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 5, 4]))  # sentence 1 finished
+    kept = decoder.get_incremental_state(state, "candidate_rows")
+    assert kept["weight"].data_ptr() == storage and len(kept["weight"]) == 2
+    torch.testing.assert_close(kept["weight"][1, :4], decoder.fc3.weight[rows[2][shared:]])
 
 
 @pytest.mark.parametrize("lines, message", [

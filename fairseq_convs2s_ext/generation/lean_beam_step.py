@@ -202,8 +202,6 @@ class LeanSequenceGenerator(SequenceGenerator):
         finally:
             model.select(None)
             model.words = None
-            for decoder_model in model.models:
-                decoder_model.decoder.forget_candidates()
             self.model, self.search, self.vocab_size = stock
 
 

@@ -42,7 +42,6 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             channels = out_channels
         self.num_attention_layers = sum(attention)
         self.need_attn = True
-        self.candidate_rows = None  # (candidates, W_o rows, b_o rows), kept in generation
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -78,7 +77,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 if return_all_attention:
                     layer_attention.append(a)
             x = scaled_sum(x, residual)
-        logits = self.output_layer(self.dropout(self.fc2(x)), candidates)
+        logits = self.output_layer(self.dropout(self.fc2(x)), candidates, incremental_state)
         average = None if attention_sum is None else attention_sum / self.num_attention_layers
         extra = {"attn": [average]}
         if return_all_attention:
@@ -90,36 +89,64 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         """The numbers (from 1) of the decoder layers that have an attention."""
         return [number for number, attention in enumerate(self.attention, 1) if attention is not None]
 
-    def output_layer(self, features, candidates=None):
+    def output_layer(self, features, candidates=None, incremental_state=None):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
         selection: only their rows of W_o and b_o are used). ``candidates`` are the sorted
         ids of the batch's words (1-D), or of each sentence's (S x C, padded with negative
         ids, whose logits are -inf), the hypotheses of a sentence being consecutive rows of
-        ``features``. Out of training, the rows are gathered once for each ``candidates``
-        tensor, not at every step of a beam search (see :meth:`forget_candidates`)."""
+        ``features``. Each sentence's candidates begin with the same words (the specials
+        and the most common, ids 0..P-1: rows of W_o as they are, one matrix multiply for
+        every hypothesis); its other words' rows are gathered into a sentence x word x
+        channel tensor, multiplied by its hypotheses alone. In a beam search the gathered
+        rows are kept in the incremental state, gathered once for the batch and compacted
+        in place as sentences finish (:meth:`reorder_incremental_state`)."""
         if candidates is None:
             return self.fc3(features)
-        weight, bias = self.rows_of(candidates)
+        rows = self.get_incremental_state(incremental_state, "candidate_rows")
+        if rows is None:
+            rows = self.rows_of(candidates, hypotheses=features.size(0))
+            if incremental_state is not None:
+                self.set_incremental_state(incremental_state, "candidate_rows", rows)
         if candidates.dim() == 1:
-            return F.linear(features, weight, bias)
+            return F.linear(features, rows["weight"], rows["bias"])
+        shared = rows["shared"]
         hypotheses, steps, channels = features.shape
-        by_sentence = features.reshape(candidates.size(0), -1, channels)
-        return torch.baddbmm(bias.unsqueeze(1), by_sentence, weight.transpose(1, 2)).view(hypotheses, steps, -1)
+        by_sentence = features.reshape(rows["weight"].size(0), -1, channels)
+        own = torch.baddbmm(rows["bias"].unsqueeze(1), by_sentence, rows["weight"].transpose(1, 2))
+        return torch.cat([F.linear(features, self.fc3.weight[:shared], self.fc3.bias[:shared]),
+                          own.view(hypotheses, steps, -1)], dim=-1)
 
-    def rows_of(self, candidates):
-        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word)."""
-        kept = self.candidate_rows
-        if kept is not None and kept[0] is candidates:
-            return kept[1], kept[2]
-        words = candidates.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
-        weight = self.fc3.weight.index_select(0, words).view(*candidates.shape, -1)
-        bias = self.fc3.bias.index_select(0, words).view_as(candidates).masked_fill(candidates < 0, float("-inf"))
-        self.candidate_rows = None if self.training else (candidates, weight, bias)
-        return weight, bias
+    def rows_of(self, candidates, hypotheses):
+        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word); for
+        each sentence's, the number of words they all begin with and the rows of the others,
+        and the number of hypotheses of a sentence."""
+        if candidates.dim() == 1:
+            return {"weight": self.fc3.weight.index_select(0, candidates), "bias": self.fc3.bias[candidates]}
+        in_place = candidates == torch.arange(candidates.size(1), device=candidates.device)
+        shared = int(in_place.all(0).cumprod(0).sum())
+        own = candidates[:, shared:]
+        words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
+        weight = self.fc3.weight.index_select(0, words).view(*own.shape, -1)
+        bias = self.fc3.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
+        return {"weight": weight, "bias": bias, "shared": shared, "beam": hypotheses // len(candidates)}
 
-    def forget_candidates(self):
-        """Drop the rows kept for the last candidates (at the end of a batch's search)."""
-        self.candidate_rows = None
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """Keep the gathered rows of the sentences still searched (fairseq keeps a sentence's
+        hypotheses together and its sentences in order): rows move down over those of
+        finished sentences, in place, so that no second copy is made."""
+        rows = self.get_incremental_state(incremental_state, "candidate_rows")
+        if rows is None or "beam" not in rows:  # none, or the batch's: the same for every row
+            return
+        weight, bias = rows["weight"], rows["bias"]
+        sentences = new_order.view(-1, rows["beam"])[:, 0] // rows["beam"]
+        if len(sentences) == len(weight):
+            return  # hypotheses reordered within their sentences
+        for i, s in enumerate(sentences.tolist()):
+            assert s >= i, "fairseq keeps the sentences left in their order"
+            if s != i:
+                weight[i].copy_(weight[s])
+                bias[i].copy_(bias[s])
+        rows.update(weight=weight[: len(sentences)], bias=bias[: len(sentences)])
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         self.need_attn = need_attn
