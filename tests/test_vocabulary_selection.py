@@ -137,6 +137,9 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
         hypotheses = slice(b * beam, (b + 1) * beam)
         torch.testing.assert_close(logits[hypotheses, :, : len(row)], full[hypotheses, :, row])
         assert logits[hypotheses, :, len(row):].eq(float("-inf")).all()  # no word
+    with torch.no_grad():  # every word shared: no rows gathered
+        everything, _ = decoder(prev, encoder_out, {}, candidates=torch.arange(len(d)).expand(3, -1))
+    torch.testing.assert_close(everything, full)
     storage = kept["weight"].data_ptr()
     decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 5, 4]))  # sentence 1 finished
     kept = decoder.get_incremental_state(state, "candidate_rows")

@@ -114,7 +114,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         by_sentence = features.reshape(rows["weight"].size(0), -1, channels)
         own = torch.baddbmm(rows["bias"].unsqueeze(1), by_sentence, rows["weight"].transpose(1, 2))
         return torch.cat([F.linear(features, self.fc3.weight[:shared], self.fc3.bias[:shared]),
-                          own.view(hypotheses, steps, -1)], dim=-1)
+                          own.view(hypotheses, steps, rows["weight"].size(1))], dim=-1)
 
     def rows_of(self, candidates, hypotheses):
         """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word); for
@@ -126,7 +126,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         shared = int(in_place.all(0).cumprod(0).sum())
         own = candidates[:, shared:]
         words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
-        weight = self.fc3.weight.index_select(0, words).view(*own.shape, -1)
+        weight = self.fc3.weight.index_select(0, words).view(*own.shape, self.fc3.in_features)
         bias = self.fc3.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
         return {"weight": weight, "bias": bias, "shared": shared, "beam": hypotheses // len(candidates)}
 
