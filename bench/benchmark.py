@@ -165,6 +165,8 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         rule = selection_task.vocabulary_selection
         sizes = torch.cat([rule.candidates_per_sentence(b["net_input"]["src_tokens"]).ge(0).sum(1) for b in batches])
         results.setdefault(SELECTION, {})["candidates per sentence"] = sizes.float().mean().item()
+        results[SELECTION]["arithmetic ceiling"] = arithmetic_ceiling(convs2s_like(fconv, fconv_args, task),
+                                                                      sizes.float().mean().item())
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
@@ -189,6 +191,18 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
             r[f"beam {beam} identical"] = sum(torch.equal(reference[i], run.hypotheses[i]) for i in reference)
             r[f"beam {beam} BLEU"] = bleu(task, run.hypotheses)
         results["sentences"] = n
+
+
+def arithmetic_ceiling(model, candidates):
+    """How much faster than the full vocabulary a decoder step can be when its output layer
+    scores ``candidates`` words, in multiply-adds per hypothesis: selection removes only the
+    output layer's work (the attention's own products with the source, a few percent, are
+    left out of both)."""
+    decoder = model.decoder
+    rest = sum(m.in_features * m.out_features for m in decoder.modules()
+               if isinstance(m, torch.nn.Linear) and m is not decoder.fc3)
+    channels = decoder.fc3.in_features
+    return (rest + len(decoder.dictionary) * channels) / (rest + candidates * channels)
 
 
 def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection=None):
