@@ -160,6 +160,16 @@ class VocabularySelection:
         return candidates
 
 
+def sentences_kept(new_order: torch.Tensor, beam: int, sentences: int) -> Optional[torch.Tensor]:
+    """The sentences that a beam search's reordering of hypothesis rows keeps (fairseq's
+    ``new_order``, in which a sentence's ``beam`` hypotheses are consecutive rows and the
+    sentences keep their order): their places among the ``sentences`` before, or None when
+    no sentence finished."""
+    if new_order.numel() == sentences * beam:
+        return None
+    return new_order[::beam] // beam
+
+
 def local_indices(candidates: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """The positions in ``candidates`` (sorted) of target ids ``tokens``, all of them candidates."""
     return torch.searchsorted(candidates, tokens)

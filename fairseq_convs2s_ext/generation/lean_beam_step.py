@@ -33,9 +33,9 @@ tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
 Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
 same mechanism: the models score only the candidate words (the batch's, or each sentence's),
 the best words of each row are chosen among them, and the table maps them back to full
-dictionary ids. With a sentence's own candidates, the ensemble follows which sentence each
-hypothesis row belongs to through fairseq's reorderings (``reorder_encoder_out``), so that
-the models score every sentence's rows against its own words.
+dictionary ids. With a sentence's own candidates, the ensemble (and each decoder, for its rows
+of W_o) drops the sentences that finish as fairseq reorders the hypotheses
+(``reorder_incremental_state``), so that every sentence's rows are scored against its own words.
 """
 import contextlib
 import math
@@ -45,6 +45,7 @@ import torch
 from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, SequenceGeneratorWithAlignment
 
+from ..data.vocabulary_selection import sentences_kept
 from ..models import ConvS2SModel
 
 CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
@@ -72,17 +73,14 @@ class LocalVocabularyEnsemble(EnsembleModel):
     def select(self, candidates: Optional[torch.Tensor]):
         """The candidates of the next call: None (every word), the batch's (1-D), or each
         sentence's (a row each, in the batch's order)."""
-        self.candidates = self.sentence_candidates = candidates
-        self.row_sentences = None  # the sentence of each hypothesis row, once beam search expands the batch
+        self.candidates = candidates
 
-    def reorder_encoder_out(self, encoder_outs, new_order):
-        if self.sentence_candidates is not None and self.sentence_candidates.dim() == 2:
-            rows = new_order if self.row_sentences is None else self.row_sentences[new_order]
-            sentences = rows.view(-1, self.beam_size)[:, 0]  # a sentence's hypotheses are consecutive
-            if self.row_sentences is None or not torch.equal(sentences, self.row_sentences[:: self.beam_size]):
-                self.candidates = self.sentence_candidates[sentences]  # finished sentences left
-            self.row_sentences = rows
-        return super().reorder_encoder_out(encoder_outs, new_order)
+    def reorder_incremental_state(self, incremental_states, new_order):
+        super().reorder_incremental_state(incremental_states, new_order)
+        if self.candidates is not None and self.candidates.dim() == 2:
+            sentences = sentences_kept(new_order, self.beam_size, len(self.candidates))
+            if sentences is not None:
+                self.candidates = self.candidates[sentences]  # finished sentences left
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
         lprobs, attn = self.full_log_probs(tokens, encoder_outs, incremental_states, temperature)

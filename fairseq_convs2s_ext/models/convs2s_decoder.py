@@ -6,6 +6,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from fairseq.modules import FairseqDropout
 
 from ..checkpoints.dictionaries import BUFFER, check_fingerprint, fingerprint
+from ..data.vocabulary_selection import sentences_kept
 from ..modules import GLUConvolution, Linear, MultiStepAttention, WordPositionEmbedding, scaled_sum
 
 
@@ -138,8 +139,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         if rows is None or "beam" not in rows:  # none, or the batch's: the same for every row
             return
         weight, bias = rows["weight"], rows["bias"]
-        sentences = new_order.view(-1, rows["beam"])[:, 0] // rows["beam"]
-        if len(sentences) == len(weight):
+        sentences = sentences_kept(new_order, rows["beam"], len(weight))
+        if sentences is None:
             return  # hypotheses reordered within their sentences
         for i, s in enumerate(sentences.tolist()):
             assert s >= i, "fairseq keeps the sentences left in their order"
