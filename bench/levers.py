@@ -1,12 +1,16 @@
 """What each speed lever of convs2s buys: the same model with levers switched off one at a time.
 
-    python -m bench.levers [--checkpoint FCONV.pt] [--batches N] [--beam 5] [--updates N]
+    python -m bench.levers [--checkpoint FCONV.pt] [--data words --vocab-selection] [--batches N] [--beam 5]
+                           [--updates N]
 
-Generation (beam search over the test set, fairseq's SequenceGenerator) and training
+Generation (beam search over the test set, fairseq's SequenceGenerator, or with
+``--vocab-selection`` the plugin's generator scoring each sentence's candidates) and training
 (updates on the same batches) of convs2s imported from the same fconv, with:
 
 - ``no shared source``: the encoder output copied to every hypothesis and reordered with
   the beam at every step (one row per hypothesis, as fconv and the first version did);
+- ``no projected source``: each attention projects every hypothesis at every step instead
+  of the source once per sentence (``ConvS2SDecoder.projected_sources``);
 - ``no weight-norm fold``: generation with weight normalization's g and v kept;
 - ``attention kept``: the decoder returns its averaged attention although fairseq-generate
   does not print alignments, so beam search keeps and reorders an attention buffer;
@@ -28,10 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch
 
-from bench.data import prepare
+from bench.data import candidates, prepare
 from bench.generation import GenerationRun, generation_batches, generation_options
 from bench.machine import native_bf16
-from bench.models import convs2s_criterion, convs2s_like, load_fconv, new_fconv, translation_task
+from bench.models import convs2s_criterion, convs2s_like, convs2s_task, load_fconv, new_fconv, translation_task
 from bench.reference import reference_checkpoint
 from bench.training import TrainingRun, training_batches
 
@@ -65,16 +69,24 @@ def variant(fconv, fconv_args, task, lever):
     model = convs2s_like(fconv, fconv_args, task)
     if lever == "no shared source":
         model.encoder.reorder_encoder_out = _plain_reorder
+    if lever == "no projected source":
+        model.decoder.projected_sources = lambda encoder_out, state: [None] * len(model.decoder.attention)
     if lever == "no weight-norm fold":
         model.make_generation_fast_ = lambda **kw: FairseqEncoderDecoderModel.make_generation_fast_(model, **kw)
+    fast = model.decoder.make_generation_fast_  # fairseq calls a bound method
     if lever == "attention kept":
-        model.decoder.make_generation_fast_ = types.MethodType(lambda self, **kw: None, model.decoder)
+        model.decoder.make_generation_fast_ = types.MethodType(lambda self, **kw: fast(**{**kw, "need_attn": True}),
+                                                               model.decoder)
     return model, out_of_place_sums if lever == "out-of-place sums" else contextlib.nullcontext
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="trained fconv checkpoint (default: bench/reference.py's)")
+    p.add_argument("--data", choices=["demo", "words"], default="demo", help="as bench.benchmark's")
+    p.add_argument("--vocab-selection", nargs="?", const="build", metavar="FILE",
+                   help="generate with vocabulary selection (the candidates FILE, default: built as "
+                        "bench.benchmark builds it)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--batches", type=int, default=None, help="test batches of 128 (default: all)")
@@ -82,17 +94,21 @@ def main(argv=None):
     p.add_argument("--updates", type=int, default=20, help="timed training updates per variant (0: none)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    data_bin = prepare()
+    data_bin = prepare(args.data)
     task = translation_task(data_bin)
     fconv, fconv_args = load_fconv(args.checkpoint or reference_checkpoint(data_bin), task)
+    if args.vocab_selection == "build":
+        args.vocab_selection = str(candidates(args.data))
+    generation_task = convs2s_task(data_bin, vocab_selection=args.vocab_selection) if args.vocab_selection else task
 
     bf16 = ["bf16"] if native_bf16() else []  # emulated bf16 runs hundreds of times slower
-    levers = [None, "no shared source", "no weight-norm fold", "attention kept", "out-of-place sums", *bf16]
+    levers = [None, "no shared source", "no projected source", "no weight-norm fold", "attention kept",
+              "out-of-place sums", *bf16]
     batches = generation_batches(task, 128, limit=args.batches)
     runs = []
     for lever in levers:
         model, context = variant(fconv, fconv_args, task, lever)
-        runs.append((lever, context, GenerationRun(str(lever), model, task, generation_options(args.beam),
+        runs.append((lever, context, GenerationRun(str(lever), model, generation_task, generation_options(args.beam),
                                                    "bf16" if lever == "bf16" else "fp32")))
     for _ in range(args.repeats):
         for _, context, run in runs:
@@ -100,7 +116,9 @@ def main(argv=None):
                 run.translate(batches)
     n = sum(len(b["id"]) for b in batches)
     base = min(runs[0][2].times)
-    print(f"generation, beam {args.beam}, {n} sentences, {args.threads} threads (best of {args.repeats}):")
+    selection = ", vocabulary selection" if args.vocab_selection else ""
+    print(f"generation{selection}, {args.data}, beam {args.beam}, {n} sentences, {args.threads} threads "
+          f"(best of {args.repeats}):")
     for lever, _, run in runs:
         same = sum(torch.equal(run.hypotheses[i], runs[0][2].hypotheses[i]) for i in run.hypotheses)
         print(f"  {str(lever or 'all levers'):22s} {n / min(run.times):7.1f} sentences/s  "

@@ -1,5 +1,6 @@
 """Beam search reads each source once per sentence: the encoder output is shared by a
-sentence's hypotheses, and a beam's reordering copies nothing (see bench/README.md)."""
+sentence's hypotheses, a beam's reordering copies nothing, and each attention's projections
+of the source are made once per sentence (see bench/README.md)."""
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -83,10 +84,54 @@ def test_shared_encoder_output_gives_the_same_outputs(incremental):
     torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-6, rtol=0)
 
 
+def with_random_biases(model):
+    """Biases start at zero; a trained model's are not, and the projected source must carry them."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    return model
+
+
+def test_projected_sources_follow_the_sentences_of_a_beam_search():
+    """A beam search's steps with each attention's projections made once per sentence equal
+    the layers' own projections of one encoder row per hypothesis, before and after a
+    sentence finishes."""
+    model, d = build(**ODD_SHAPES)
+    with_random_biases(model).eval()
+    beam, steps, finish_at = 3, 6, 3
+    order = torch.arange(3).repeat_interleave(beam)
+    # Hypotheses reordered within their sentences, then sentence 1 finishes.
+    within = torch.tensor([1, 1, 0, 3, 5, 5, 8, 6, 7])
+    shrink = torch.tensor([0, 1, 2, 6, 7, 8])
+    tgt = random_tokens(d, 3 * beam, steps)
+    outputs = []
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+        for shared in (True, False):
+            enc = model.encoder.reorder_encoder_out(encoder_out, order) if shared else expand(encoder_out, order)
+            state, logits, rows = {}, [], tgt
+            for t in range(steps):
+                if t in (1, finish_at):
+                    new_order = within if t == 1 else shrink
+                    model.decoder.reorder_incremental_state_scripting(state, new_order)
+                    enc = model.encoder.reorder_encoder_out(enc, new_order)
+                    rows = torch.cat([rows[new_order, :t], tgt[: len(new_order), t:]], 1)
+                out = model.decoder(rows[:, : t + 1], enc, incremental_state=state)[0]
+                logits.append(out)
+            sources = model.decoder.get_incremental_state(state, "projected_sources")
+            assert (sources is not None) == shared
+            if shared:
+                assert sources["rows"] == len(sources["layers"][0]["values"]) == 2
+            outputs.append(logits)
+    for folded, own in zip(*outputs):
+        torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
+
+
 def test_beam_search_with_shared_encoder_output_finds_the_same_hypotheses():
     """The same beam search with the sharing turned off (a reorder that copies every row)."""
     model, d = build(**ODD_SHAPES)
-    model.eval()
+    with_random_biases(model).eval()
     src = random_tokens(d, 4, 7)
     src[2, :3] = d.pad()
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}

@@ -18,7 +18,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     vocabulary or over a batch's candidate words (vocabulary selection, ``output_layer``).
 
     Incremental decoding keeps the last k inputs of every convolution, so a step costs the
-    same whatever the length of the prefix. The attention returned for generation is the
+    same whatever the length of the prefix. In a beam search it also keeps each attention's
+    projections of the source (:meth:`projected_sources`), made once per sentence. The attention returned for generation is the
     average over the layers that have one; like fconv's, it is left out (None) after
     ``make_generation_fast_(need_attn=False)``, which fairseq-generate calls unless
     alignments are printed, so beam search keeps no attention buffers it does not use.
@@ -66,13 +67,14 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         g = self.embed(prev_output_tokens, incremental_state)
         x = self.fc1(g)
         attention_sum, layer_attention = None, []
-        for residual_projection, convolution, attention in zip(
-            self.residual_projections, self.convolutions, self.attention
+        for residual_projection, convolution, attention, source in zip(
+            self.residual_projections, self.convolutions, self.attention,
+            self.projected_sources(encoder_out, incremental_state),
         ):
             residual = residual_projection(x)
             x = convolution(self.dropout(x), incremental_state)
             if attention is not None:
-                x, a = attention(x, g, encoder_out)
+                x, a = attention(x, g, encoder_out, source)
                 if self.need_attn or return_all_attention:
                     attention_sum = a if attention_sum is None else attention_sum + a
                 if return_all_attention:
@@ -89,6 +91,24 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def attending_layers(self):
         """The numbers (from 1) of the decoder layers that have an attention."""
         return [number for number, attention in enumerate(self.attention, 1) if attention is not None]
+
+    def projected_sources(self, encoder_out, incremental_state):
+        """Each attending layer's projections of the source (``MultiStepAttention.project_source``)
+        when a beam search reads each encoder row with b > 1 hypotheses, else None per layer.
+        They are made at a search's first step, kept in the incremental state and follow the
+        sentences as they finish (:meth:`reorder_incremental_state`): a projection per source
+        word and sentence instead of one per hypothesis and step. Greedy search (b = 1) would
+        make as many as it saves, so it keeps the layers' own projections."""
+        if incremental_state is None or encoder_out.get("beam", 1) == 1:
+            return [None] * len(self.attention)
+        sources = self.get_incremental_state(incremental_state, "projected_sources")
+        rows = encoder_out["encoder_out"][0].size(0)
+        if sources is None or sources["rows"] != rows:  # first step, or the encoder's rows changed
+            layers = [None if attention is None else attention.project_source(encoder_out)
+                      for attention in self.attention]
+            sources = {"layers": layers, "rows": rows, "beam": encoder_out["beam"]}
+            self.set_incremental_state(incremental_state, "projected_sources", sources)
+        return sources["layers"]
 
     def output_layer(self, features, candidates=None, incremental_state=None):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
@@ -132,22 +152,22 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return {"weight": weight, "bias": bias, "shared": shared, "beam": hypotheses // len(candidates)}
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        """Keep the gathered rows of the sentences still searched (fairseq keeps a sentence's
-        hypotheses together and its sentences in order): rows move down over those of
-        finished sentences, in place, so that no second copy is made."""
+        """Keep the gathered W_o rows and the projected sources of the sentences still
+        searched (fairseq keeps a sentence's hypotheses together and its sentences in order).
+        The W_o rows move down over those of finished sentences, in place, so that no second
+        copy of them is made; the projected sources, a few rows per sentence, are selected."""
         rows = self.get_incremental_state(incremental_state, "candidate_rows")
-        if rows is None or "beam" not in rows:  # none, or the batch's: the same for every row
-            return
-        weight, bias = rows["weight"], rows["bias"]
-        sentences = sentences_kept(new_order, rows["beam"], len(weight))
-        if sentences is None:
-            return  # hypotheses reordered within their sentences
-        for i, s in enumerate(sentences.tolist()):
-            assert s >= i, "fairseq keeps the sentences left in their order"
-            if s != i:
-                weight[i].copy_(weight[s])
-                bias[i].copy_(bias[s])
-        rows.update(weight=weight[: len(sentences)], bias=bias[: len(sentences)])
+        if rows is not None and "beam" in rows:  # not a batch's rows, which are the same for every row
+            sentences = sentences_kept(new_order, rows["beam"], len(rows["bias"]))
+            if sentences is not None:
+                rows.update(weight=keep_rows_(rows["weight"], sentences), bias=keep_rows_(rows["bias"], sentences))
+        sources = self.get_incremental_state(incremental_state, "projected_sources")
+        if sources is not None:
+            sentences = sentences_kept(new_order, sources["beam"], sources["rows"])
+            if sentences is not None:
+                sources["layers"] = [None if layer is None else {k: t.index_select(0, sentences) for k, t in layer.items()}
+                                     for layer in sources["layers"]]
+                sources["rows"] = len(sentences)
 
     def make_generation_fast_(self, need_attn=False, **kwargs):
         self.need_attn = need_attn
@@ -159,3 +179,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def max_positions(self):
         return self.embed.max_positions
+
+
+def keep_rows_(tensor, rows):
+    """The ``rows`` of ``tensor`` (increasing indices) moved down in place to its first rows,
+    which are returned: no second copy is made."""
+    for i, r in enumerate(rows.tolist()):
+        assert r >= i, "fairseq keeps the sentences left in their order"
+        if r != i:
+            tensor[i].copy_(tensor[r])
+    return tensor[: len(rows)]

@@ -1,9 +1,10 @@
 """Multi-step attention: each decoder layer attends on its own (section 3.3)."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .initialization import Linear
-from .scaling import scaled_sum
+from .scaling import SQRT_HALF, scaled_sum
 
 
 class MultiStepAttention(nn.Module):
@@ -13,9 +14,14 @@ class MultiStepAttention(nn.Module):
     embedding g_i of the previous target element); a_ij = softmax_j(d_i . z_j) over the
     real (non-padding) source positions, with z the last encoder block's output;
     c_i = sum_j a_ij (z_j + e_j), scaled by m * sqrt(1/m) for a source of m real words
-    (section 3.4); c_i is projected back to the layer's width and added to h_i. The sum
-    forming d and the one adding c back to h are scaled by sqrt(0.5) as fconv does, not as
-    the paper does (see ``scaling``).
+    (section 3.4); c_i is projected back to the layer's width (W_c c_i + b_c) and added to
+    h_i. The sum forming d and the one adding c back to h are scaled by sqrt(0.5) as fconv
+    does, not as the paper does (see ``scaling``).
+
+    In a beam search the projections can move onto the source (:meth:`project_source`):
+    d_i . z_j = h_i . (W_d^T z_j) + (b_d + g_i) . z_j and W_c c_i = sum_j a_ij W_c (z_j + e_j),
+    so each source position is projected once per sentence instead of each hypothesis at
+    every step. The numbers are the same up to rounding.
     """
 
     def __init__(self, channels, embed_dim):
@@ -23,8 +29,9 @@ class MultiStepAttention(nn.Module):
         self.in_projection = Linear(channels, embed_dim)
         self.out_projection = Linear(embed_dim, channels)
 
-    def forward(self, h, target_embedding, encoder_out):
-        """h: B x T x channels; target_embedding g: B x T x embed_dim.
+    def forward(self, h, target_embedding, encoder_out, source=None):
+        """h: B x T x channels; target_embedding g: B x T x embed_dim; ``source``: this
+        layer's :meth:`project_source` of ``encoder_out``, or None.
 
         Returns the new h and the attention a (B x T x S). When ``encoder_out["beam"]`` is b,
         the encoder output has one row per b consecutive rows of h (the hypotheses of one
@@ -33,17 +40,41 @@ class MultiStepAttention(nn.Module):
         keys, values = encoder_out["encoder_out"]
         padding_mask = encoder_out["encoder_padding_mask"]
         batch, steps, _ = h.shape
-        d = scaled_sum(self.in_projection(h), target_embedding)
-        d = d.reshape(keys.size(0), -1, d.size(-1))  # the b hypotheses of a sentence side by side
-        scores = torch.bmm(d, keys.transpose(1, 2))
+        by_source = keys.size(0), -1  # the b hypotheses of a sentence side by side
+        if source is None:
+            d = scaled_sum(self.in_projection(h), target_embedding)
+            scores = torch.bmm(d.reshape(*by_source, d.size(-1)), keys.transpose(1, 2))
+        else:
+            g = (target_embedding * SQRT_HALF).reshape(*by_source, target_embedding.size(-1))
+            scores = torch.baddbmm(source["key_bias"].unsqueeze(1), g, keys.transpose(1, 2))
+            scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source["keys"].transpose(1, 2))
         if padding_mask is not None:
             scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         a = torch.softmax(scores.float(), dim=-1).type_as(scores)
-        c = torch.bmm(a, values)
-        if padding_mask is None:
-            m = torch.full((1, 1, 1), keys.size(1), dtype=c.dtype, device=c.device)
+        if source is None:
+            c = torch.bmm(a, values) * conditional_input_scale(keys, padding_mask)
+            out = self.out_projection(c.view(batch, steps, -1))
         else:
-            m = (~padding_mask).sum(dim=1).to(c.dtype).view(-1, 1, 1)
-        c = c * (m * torch.rsqrt(m))
-        c, a = c.view(batch, steps, -1), a.view(batch, steps, -1)
-        return scaled_sum(self.out_projection(c), h), a
+            out = torch.baddbmm(self.out_projection.bias, a, source["values"]).view(batch, steps, -1)
+        return scaled_sum(out, h), a.view(batch, steps, -1)
+
+    def project_source(self, encoder_out):
+        """The source through this layer's projections: keys W_d^T z_j and key bias b_d . z_j
+        (both times fconv's sqrt(0.5)), values W_c (z_j + e_j) times m * sqrt(1/m); one
+        row per row of the encoder output."""
+        keys, values = encoder_out["encoder_out"]
+        scale = conditional_input_scale(keys, encoder_out["encoder_padding_mask"])
+        return {
+            "keys": torch.matmul(keys, self.in_projection.weight).mul_(SQRT_HALF),
+            "key_bias": torch.matmul(keys, self.in_projection.bias).mul_(SQRT_HALF),
+            "values": F.linear(values, self.out_projection.weight).mul_(scale),
+        }
+
+
+def conditional_input_scale(keys, padding_mask):
+    """m * sqrt(1/m) for each source of m real words (section 3.4), as B x 1 x 1."""
+    if padding_mask is None:
+        m = torch.full((1, 1, 1), keys.size(1), dtype=keys.dtype, device=keys.device)
+    else:
+        m = (~padding_mask).sum(dim=1).to(keys.dtype).view(-1, 1, 1)
+    return m * torch.rsqrt(m)
