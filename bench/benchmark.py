@@ -165,8 +165,8 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         rule = selection_task.vocabulary_selection
         sizes = torch.cat([rule.candidates_per_sentence(b["net_input"]["src_tokens"]).ge(0).sum(1) for b in batches])
         results.setdefault(SELECTION, {})["candidates per sentence"] = sizes.float().mean().item()
-        results[SELECTION]["arithmetic ceiling"] = arithmetic_ceiling(convs2s_like(fconv, fconv_args, task),
-                                                                      sizes.float().mean().item())
+        results[SELECTION]["arithmetic ratio"] = arithmetic_ratio(convs2s_like(fconv, fconv_args, task),
+                                                                  sizes.float().mean().item())
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
@@ -193,16 +193,23 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         results["sentences"] = n
 
 
-def arithmetic_ceiling(model, candidates):
-    """How much faster than the full vocabulary a decoder step can be when its output layer
-    scores ``candidates`` words, in multiply-adds per hypothesis: selection removes only the
-    output layer's work (the attention's own products with the source, a few percent, are
-    left out of both)."""
+def arithmetic_ratio(model, candidates):
+    """fconv's multiply-adds per hypothesis and decoder step over ours with vocabulary
+    selection as it generates (``model``, freshly converted, is prepared for generation
+    here): ours has no attention projections per step (they move onto the source, once per
+    sentence), fc2 folded into the output layer, and ``candidates`` output words. Left out
+    of both: the attention's products with the source, and ours' projections of it, a few
+    percent."""
     decoder = model.decoder
-    rest = sum(m.in_features * m.out_features for m in decoder.modules()
-               if isinstance(m, torch.nn.Linear) and m is not decoder.fc3)
-    channels = decoder.fc3.in_features
-    return (rest + len(decoder.dictionary) * channels) / (rest + candidates * channels)
+
+    def multiply_adds(modules):
+        return sum(m.in_features * m.out_features for m in modules if isinstance(m, torch.nn.Linear))
+
+    full = multiply_adds(decoder.modules())
+    model.make_generation_fast_()
+    attention = {m for layer in decoder.attention if layer is not None for m in layer.modules()}
+    per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m is not decoder.fc3)
+    return full / (per_step + candidates * decoder.fc3.in_features)
 
 
 def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection=None):

@@ -12,6 +12,7 @@ Generation (beam search over the test set, fairseq's SequenceGenerator, or with
 - ``no projected source``: each attention projects every hypothesis at every step instead
   of the source once per sentence (``ConvS2SDecoder.projected_sources``);
 - ``no weight-norm fold``: generation with weight normalization's g and v kept;
+- ``no fc2 fold``: fc2 and the output layer as two products instead of one;
 - ``attention kept``: the decoder returns its averaged attention although fairseq-generate
   does not print alignments, so beam search keeps and reorders an attention buffer;
 - ``fairseq's criterion``: training with label_smoothed_cross_entropy (log_softmax over the
@@ -77,6 +78,9 @@ def variant(fconv, fconv_args, task, lever):
     if lever == "attention kept":
         model.decoder.make_generation_fast_ = types.MethodType(lambda self, **kw: fast(**{**kw, "need_attn": True}),
                                                                model.decoder)
+    if lever == "no fc2 fold":
+        model.decoder.make_generation_fast_ = types.MethodType(
+            lambda self, **kw: setattr(self, "need_attn", kw.get("need_attn", False)), model.decoder)
     return model, out_of_place_sums if lever == "out-of-place sums" else contextlib.nullcontext
 
 
@@ -102,7 +106,7 @@ def main(argv=None):
     generation_task = convs2s_task(data_bin, vocab_selection=args.vocab_selection) if args.vocab_selection else task
 
     bf16 = ["bf16"] if native_bf16() else []  # emulated bf16 runs hundreds of times slower
-    levers = [None, "no shared source", "no projected source", "no weight-norm fold", "attention kept",
+    levers = [None, "no shared source", "no projected source", "no weight-norm fold", "no fc2 fold", "attention kept",
               "out-of-place sums", *bf16]
     batches = generation_batches(task, 128, limit=args.batches)
     runs = []

@@ -35,4 +35,4 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     selection = results["ours, vocabulary selection"]
     vocabulary = int(results["dictionaries"].split(" / ")[1])
     assert 0 < selection["candidates per sentence"] < selection["train candidates per batch"] <= vocabulary
-    assert selection["arithmetic ceiling"] > 1  # fewer words scored than the vocabulary's
+    assert selection["arithmetic ratio"] > 1  # fewer words scored than the vocabulary's

@@ -240,8 +240,17 @@ def test_encoder_gradients_are_scaled_by_the_number_of_attention_layers():
     assert fresh.encoder.gradient_scale == pytest.approx(1 / 3)
 
 
-def test_generation_fast_folds_weight_norm_without_changing_outputs():
-    model, d = build(**ODD_SHAPES)
+@pytest.mark.parametrize("overrides, fc2_folded", [
+    (ODD_SHAPES, True),  # the last layer's 16 channels widen to 32 in fc2: folded into W_o
+    (dict(decoder_layers="[(32, 3), (64, 3)]"), False),  # fc2 narrows 64 to 32: W_o W_2 would be wider
+    (dict(share_input_output_embed=True), False),  # W_o is the input embeddings
+])
+def test_generation_fast_folds_weight_norm_and_fc2_without_changing_outputs(overrides, fc2_folded):
+    model, d = build(**overrides)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)  # biases start at zero; a trained model's do not
     model.eval()
     src, tgt = random_tokens(d, 2, 6), random_tokens(d, 2, 5)
     with torch.no_grad():
@@ -249,7 +258,15 @@ def test_generation_fast_folds_weight_norm_without_changing_outputs():
         model.prepare_for_inference_(model.cfg if hasattr(model, "cfg") and model.cfg else _inference_cfg())
         after = forward(model, src, tgt)[0]
     assert not any(hasattr(m, "parametrizations") for m in model.modules())
-    torch.testing.assert_close(after, before)
+    assert isinstance(model.decoder.fc2, torch.nn.Identity) == fc2_folded
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+
+
+def test_fc2_is_not_folded_when_dropout_is_kept_in_generation():
+    """--retain-dropout drops fc2's output before W_o: the two layers cannot be one."""
+    model, d = build()
+    model.make_generation_fast_(retain_dropout=True)
+    assert isinstance(model.decoder.fc2, torch.nn.Linear)
 
 
 def _inference_cfg():
