@@ -145,6 +145,18 @@ def test_beam_search_with_shared_encoder_output_finds_the_same_hypotheses():
             torch.testing.assert_close(x["attention"], y["attention"], atol=1e-6, rtol=0)
 
 
+def test_beam_search_with_projected_sources_runs_under_autocast():
+    """--autocast-bf16 (and fairseq's --fp16 on a GPU) run the projected sources in the
+    low-precision dtype with the rest of the step; the hypotheses are a beam search's."""
+    model, d = build()
+    model.eval()
+    src = random_tokens(d, 3, 7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hypos = SequenceGenerator([model], d, beam_size=3, max_len_b=5).generate([model], sample)
+    assert all(len(h) == 3 and h[0]["tokens"][-1] == d.eos() for h in hypos)
+
+
 @pytest.mark.parametrize("print_alignment", [False, True])
 def test_attention_is_returned_only_when_alignments_are_wanted(print_alignment):
     """As fairseq-generate prepares a model: without --print-alignment the decoder returns no

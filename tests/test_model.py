@@ -262,6 +262,15 @@ def test_generation_fast_folds_weight_norm_and_fc2_without_changing_outputs(over
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
 
 
+def test_folded_output_layer_keeps_the_model_s_dtype():
+    """fairseq-generate converts and moves the model before preparing it: the folded layer
+    is made where the model's weights are, in their dtype."""
+    model, d = build()
+    model.double().make_generation_fast_()
+    assert model.decoder.fc3.weight.dtype == model.decoder.fc3.bias.dtype == torch.float64
+    assert model.decoder.fc3.weight.device == model.decoder.embed.tokens.weight.device
+
+
 def test_fc2_is_not_folded_when_dropout_is_kept_in_generation():
     """--retain-dropout drops fc2's output before W_o: the two layers cannot be one."""
     model, d = build()

@@ -19,10 +19,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     Incremental decoding keeps the last k inputs of every convolution, so a step costs the
     same whatever the length of the prefix. In a beam search it also keeps each attention's
-    projections of the source (:meth:`projected_sources`), made once per sentence. The attention returned for generation is the
-    average over the layers that have one; like fconv's, it is left out (None) after
-    ``make_generation_fast_(need_attn=False)``, which fairseq-generate calls unless
-    alignments are printed, so beam search keeps no attention buffers it does not use.
+    projections of the source (:meth:`projected_sources`), made once per sentence. The
+    attention returned for generation is the average over the layers that have one; like
+    fconv's, it is left out (None) after ``make_generation_fast_(need_attn=False)``, which
+    fairseq-generate calls unless alignments are printed, so beam search keeps no attention
+    buffers it does not use.
     """
 
     def __init__(self, dictionary, embed_dim, layers, attention, out_embed_dim, dropout, max_positions,
@@ -181,10 +182,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         tied = self.fc3.weight is self.embed.tokens.weight
         if retain_dropout or tied or self.fc2.in_features > self.fc2.out_features:
             return
-        with torch.no_grad():
-            output = nn.Linear(self.fc2.in_features, self.fc3.out_features)
-            output.weight.copy_(self.fc3.weight @ self.fc2.weight)
-            output.bias.copy_(F.linear(self.fc2.bias, self.fc3.weight, self.fc3.bias))
+        output = nn.Linear(self.fc2.in_features, self.fc3.out_features, device="meta")  # no initial weights
+        with torch.no_grad():  # on the model's device, in its dtype (fairseq-generate moves it first)
+            output.weight = nn.Parameter(self.fc3.weight @ self.fc2.weight)
+            output.bias = nn.Parameter(F.linear(self.fc2.bias, self.fc3.weight, self.fc3.bias))
         self.fc2, self.fc3 = nn.Identity(), output
 
     def upgrade_state_dict_named(self, state_dict, name):
