@@ -29,3 +29,13 @@ def build(arch="convs2s_tiny", vocab=40, max_positions=64, **overrides):
 
 def random_tokens(d, batch, length):
     return torch.randint(d.nspecial, len(d), (batch, length))
+
+
+def with_random_biases(model):
+    """Biases start at zero; a trained model's do not, and a rewrite of the model's
+    arithmetic (generation's folds) must carry them."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    return model

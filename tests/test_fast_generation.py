@@ -5,7 +5,7 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from model_helpers import build, random_tokens
+from model_helpers import build, random_tokens, with_random_biases
 
 ODD_SHAPES = dict(
     encoder_layers="[(16, 3), (24, 2), (24, 1), (16, 4)]",
@@ -82,15 +82,6 @@ def test_shared_encoder_output_gives_the_same_outputs(incremental):
                 outputs.append((out[0], out[1]["attn"][0]))
     torch.testing.assert_close(outputs[0][0], outputs[1][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(outputs[0][1], outputs[1][1], atol=1e-6, rtol=0)
-
-
-def with_random_biases(model):
-    """Biases start at zero; a trained model's are not, and the projected source must carry them."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.5)
-    return model
 
 
 def test_projected_sources_follow_the_sentences_of_a_beam_search():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fairseq_convs2s_ext.modules import GLUConvolution, parse_attention, parse_layers
-from model_helpers import build, random_tokens
+from model_helpers import build, random_tokens, with_random_biases
 
 # Widths that differ (residual projections), kernel width 1 and even kernel widths.
 ODD_SHAPES = dict(
@@ -247,11 +247,7 @@ def test_encoder_gradients_are_scaled_by_the_number_of_attention_layers():
 ])
 def test_generation_fast_folds_weight_norm_and_fc2_without_changing_outputs(overrides, fc2_folded):
     model, d = build(**overrides)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0, 0.5)  # biases start at zero; a trained model's do not
-    model.eval()
+    with_random_biases(model).eval()
     src, tgt = random_tokens(d, 2, 6), random_tokens(d, 2, 5)
     with torch.no_grad():
         before = forward(model, src, tgt)[0]
