@@ -119,6 +119,48 @@ def test_projected_sources_follow_the_sentences_of_a_beam_search():
         torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("folded", [False, True])
+def test_reused_logits_are_the_output_layer_s_in_one_tensor(folded):
+    """With ``reuse_logits`` (the lean beam step's) every step writes the same values as
+    the output layer's into one tensor, as the rows shrink; without it, each step's logits
+    are a tensor of their own, which later steps leave alone."""
+    model, d = build(**ODD_SHAPES)
+    with_random_biases(model).eval()
+    if folded:
+        model.make_generation_fast_()
+    order = torch.arange(3).repeat_interleave(2)
+    tgt = random_tokens(d, 6, 4)
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+        runs = {}
+        for reuse in (True, False):
+            enc, state, rows, logits = model.encoder.reorder_encoder_out(encoder_out, order), {}, tgt, []
+            for t in range(4):
+                if t == 2:  # sentence 1 finishes
+                    keep = torch.tensor([0, 1, 4, 5])
+                    model.decoder.reorder_incremental_state_scripting(state, keep)
+                    enc, rows = model.encoder.reorder_encoder_out(enc, keep), rows[keep]
+                out = model.decoder(rows[:, : t + 1], enc, incremental_state=state, reuse_logits=reuse)[0]
+                logits.append((out.data_ptr(), out.clone() if reuse else out))
+            runs[reuse] = logits
+    assert len({pointer for pointer, _ in runs[True]}) == 1
+    assert len({pointer for pointer, _ in runs[False]}) == 4
+    for (_, reused), (_, own) in zip(runs[True], runs[False]):
+        assert torch.equal(reused, own)
+
+
+def test_reused_logits_are_not_used_under_autocast():
+    model, d = build()
+    model.eval()
+    tgt = random_tokens(d, 3, 1)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        encoder_out, _ = encode(model, d)
+        state = {}
+        logits = model.decoder(tgt, encoder_out, incremental_state=state, reuse_logits=True)[0]
+    assert logits.dtype == torch.bfloat16
+    assert model.decoder.get_incremental_state(state, "logits") is None
+
+
 def test_beam_search_with_shared_encoder_output_finds_the_same_hypotheses():
     """The same beam search with the sharing turned off (a reorder that copies every row)."""
     model, d = build(**ODD_SHAPES)

@@ -19,7 +19,8 @@ What stays per step over the whole vocabulary is the output projection, its log_
 (the log-sum-exp of a row needs the exp of every logit: torch's log_softmax does that in
 one sweep per row while it is in cache, where torch.logsumexp makes four passes and a
 temporary; its values are also exactly fairseq's) and a top-k per row. Gone are the NaN
-mask, the sum with the cumulative scores and the temperature division at 1.
+mask, the sum with the cumulative scores, the temperature division at 1 and the two fresh
+hypotheses x V tensors of every step (logits and log-probabilities now share one, reused).
 
 :class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its
 model is a :class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
@@ -98,15 +99,20 @@ class LocalVocabularyEnsemble(EnsembleModel):
         """The log-probabilities (hypotheses x V, or x candidates) and averaged attention of
         the last step, the same values as fairseq's ``EnsembleModel.forward_decoder``: each
         model's log_softmax, averaged in probability over an ensemble. Only the logits of the
-        last position are divided by the temperature, and not at all when it is 1."""
+        last position are divided by the temperature, and not at all when it is 1. Each step's
+        logits live in one tensor per model (the decoder's ``reuse_logits``), which their
+        log-probabilities overwrite: no hypotheses x V tensor is allocated per step."""
         log_probs, attention = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):
             logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
-                                          candidates=self.candidates)
-            logits = logits[:, -1:, :]
+                                          candidates=self.candidates, reuse_logits=True)
+            logits = logits[:, -1, :]
             if temperature != 1.0:
                 logits = logits.div_(temperature)
-            log_probs.append(model.get_normalized_probs((logits, extra), log_probs=True)[:, -1, :])
+            if logits.dtype == torch.float32:  # fairseq's log_softmax (utils.log_softmax), over the logits
+                log_probs.append(torch.log_softmax(logits, dim=-1, out=logits))
+            else:
+                log_probs.append(model.get_normalized_probs((logits, extra), log_probs=True))
             attn = extra["attn"][0]
             if attn is not None:
                 attention.append(attn[:, -1, :])

@@ -59,12 +59,12 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.fc3 = Linear(out_embed_dim, len(dictionary), dropout=dropout)
 
     def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None,
-                return_all_attention=False, **unused):
+                return_all_attention=False, reuse_logits=False, **unused):
         """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}, the
         attention averaged over the layers that attend. With ``candidates`` (sorted target ids,
         vocabulary selection), logits over those words only (B x T x len(candidates)).
         ``return_all_attention`` (off in generation) adds {"layer_attn": [B x T x S]}, each
-        attending layer's own, in order."""
+        attending layer's own, in order. ``reuse_logits``: see :meth:`output_layer`."""
         g = self.embed(prev_output_tokens, incremental_state)
         x = self.fc1(g)
         attention_sum, layer_attention = None, []
@@ -81,7 +81,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 if return_all_attention:
                     layer_attention.append(a)
             x = scaled_sum(x, residual)
-        logits = self.output_layer(self.dropout(self.fc2(x)), candidates, incremental_state)
+        logits = self.output_layer(self.dropout(self.fc2(x)), candidates, incremental_state, reuse_logits)
         average = None if attention_sum is None else attention_sum / self.num_attention_layers
         extra = {"attn": [average]}
         if return_all_attention:
@@ -111,7 +111,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.set_incremental_state(incremental_state, "projected_sources", sources)
         return sources["layers"]
 
-    def output_layer(self, features, candidates=None, incremental_state=None):
+    def output_layer(self, features, candidates=None, incremental_state=None, reuse_logits=False):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
         selection: only their rows of W_o and b_o are used). ``candidates`` are the sorted
         ids of the batch's words (1-D), or of each sentence's (S x C, padded with negative
@@ -121,9 +121,23 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         every hypothesis); its other words' rows are gathered into a sentence x word x
         channel tensor, multiplied by its hypotheses alone. In a beam search the gathered
         rows are kept in the incremental state, gathered once for the batch and compacted
-        in place as sentences finish (:meth:`reorder_incremental_state`)."""
+        in place as sentences finish (:meth:`reorder_incremental_state`).
+
+        ``reuse_logits`` (for a caller done with a step's logits before the next step, as the
+        lean beam step is): the whole vocabulary's logits are written into one tensor kept in
+        the incremental state, overwritten at every step. A new hypotheses x V tensor each
+        step is fresh memory from the system, whose first touch costs about a tenth of the
+        product at V = 18k on a CPU. The values are fc3's (``F.linear`` is this ``addmm``)."""
         if candidates is None:
-            return self.fc3(features)
+            if not reuse_logits or incremental_state is None or torch.is_autocast_enabled(features.device.type):
+                return self.fc3(features)
+            rows = features.size(0) * features.size(1)
+            logits = self.get_incremental_state(incremental_state, "logits")
+            if logits is None or logits.size(0) < rows:
+                logits = features.new_empty(rows, self.fc3.out_features)
+                self.set_incremental_state(incremental_state, "logits", logits)
+            torch.addmm(self.fc3.bias, features.reshape(rows, -1), self.fc3.weight.t(), out=logits[:rows])
+            return logits[:rows].view(*features.shape[:2], -1)
         rows = self.get_incremental_state(incremental_state, "candidate_rows")
         if rows is None:
             rows = self.rows_of(candidates, hypotheses=features.size(0))
