@@ -127,9 +127,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         lean beam step is): the whole vocabulary's logits are written into one tensor kept in
         the incremental state, overwritten at every step. A new hypotheses x V tensor each
         step is fresh memory from the system, whose first touch costs about a tenth of the
-        product at V = 18k on a CPU. The values are fc3's (``F.linear`` is this ``addmm``)."""
+        product at V = 18k on a CPU. The values are fc3's (``F.linear`` is this ``addmm``).
+        Features in another dtype than W_o's (under autocast) go through fc3, which casts."""
         if candidates is None:
-            if not reuse_logits or incremental_state is None or torch.is_autocast_enabled(features.device.type):
+            if not reuse_logits or incremental_state is None or features.dtype != self.fc3.weight.dtype:
                 return self.fc3(features)
             rows = features.size(0) * features.size(1)
             logits = self.get_incremental_state(incremental_state, "logits")
