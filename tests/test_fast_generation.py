@@ -150,6 +150,7 @@ def test_reused_logits_are_the_output_layer_s_in_one_tensor(folded):
 
 
 def test_reused_logits_are_not_used_under_autocast():
+    """Under autocast the output layer is fc3's own, in the low-precision dtype."""
     model, d = build()
     model.eval()
     tgt = random_tokens(d, 3, 1)

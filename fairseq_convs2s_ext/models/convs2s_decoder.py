@@ -132,13 +132,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         if candidates is None:
             if not reuse_logits or incremental_state is None or features.dtype != self.fc3.weight.dtype:
                 return self.fc3(features)
-            rows = features.size(0) * features.size(1)
+            positions = features.size(0) * features.size(1)
             logits = self.get_incremental_state(incremental_state, "logits")
-            if logits is None or logits.size(0) < rows:
-                logits = features.new_empty(rows, self.fc3.out_features)
+            if logits is None or logits.size(0) < positions:
+                logits = features.new_empty(positions, self.fc3.out_features)
                 self.set_incremental_state(incremental_state, "logits", logits)
-            torch.addmm(self.fc3.bias, features.reshape(rows, -1), self.fc3.weight.t(), out=logits[:rows])
-            return logits[:rows].view(*features.shape[:2], -1)
+            torch.addmm(self.fc3.bias, features.reshape(positions, -1), self.fc3.weight.t(), out=logits[:positions])
+            return logits[:positions].view(*features.shape[:2], -1)
         rows = self.get_incremental_state(incremental_state, "candidate_rows")
         if rows is None:
             rows = self.rows_of(candidates, hypotheses=features.size(0))
