@@ -32,6 +32,23 @@ def expand(encoder_out, order):
             "encoder_padding_mask": None if mask is None else mask.index_select(0, order)}
 
 
+def beam_steps(model, encoder_out, tgt, reorders, **decoder_options):
+    """The decoder's logits step by step over hypotheses ``tgt`` (one row each), as a beam
+    search makes them: before step t in ``reorders`` the rows are reordered (row r continues
+    row ``reorders[t][r]``; fewer rows when a sentence finished). Each step gives the logits
+    as returned and a copy taken at once, and the incremental state is returned too."""
+    state, rows, steps = {}, tgt, []
+    for t in range(tgt.size(1)):
+        if t in reorders:
+            new_order = reorders[t]
+            model.decoder.reorder_incremental_state_scripting(state, new_order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+            rows = torch.cat([rows[new_order, :t], tgt[: len(new_order), t:]], 1)
+        logits = model.decoder(rows[:, : t + 1], encoder_out, incremental_state=state, **decoder_options)[0]
+        steps.append((logits, logits.clone()))
+    return steps, state
+
+
 def test_beam_reorders_share_the_encoder_output():
     model, d = build(**ODD_SHAPES)
     model.eval()
@@ -101,20 +118,12 @@ def test_projected_sources_follow_the_sentences_of_a_beam_search():
         encoder_out, _ = encode(model, d)
         for shared in (True, False):
             enc = model.encoder.reorder_encoder_out(encoder_out, order) if shared else expand(encoder_out, order)
-            state, logits, rows = {}, [], tgt
-            for t in range(steps):
-                if t in (1, finish_at):
-                    new_order = within if t == 1 else shrink
-                    model.decoder.reorder_incremental_state_scripting(state, new_order)
-                    enc = model.encoder.reorder_encoder_out(enc, new_order)
-                    rows = torch.cat([rows[new_order, :t], tgt[: len(new_order), t:]], 1)
-                out = model.decoder(rows[:, : t + 1], enc, incremental_state=state)[0]
-                logits.append(out)
+            logits, state = beam_steps(model, enc, tgt, {1: within, finish_at: shrink})
             sources = model.decoder.get_incremental_state(state, "projected_sources")
             assert (sources is not None) == shared
             if shared:
                 assert sources["rows"] == len(sources["layers"][0]["values"]) == 2
-            outputs.append(logits)
+            outputs.append([out for out, _ in logits])
     for folded, own in zip(*outputs):
         torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
 
@@ -130,21 +139,14 @@ def test_reused_logits_are_the_output_layer_s_in_one_tensor(folded):
         model.make_generation_fast_()
     order = torch.arange(3).repeat_interleave(2)
     tgt = random_tokens(d, 6, 4)
+    finishes = {2: torch.tensor([0, 1, 4, 5])}  # sentence 1 finishes
     with torch.no_grad():
         encoder_out, _ = encode(model, d)
-        runs = {}
-        for reuse in (True, False):
-            enc, state, rows, logits = model.encoder.reorder_encoder_out(encoder_out, order), {}, tgt, []
-            for t in range(4):
-                if t == 2:  # sentence 1 finishes
-                    keep = torch.tensor([0, 1, 4, 5])
-                    model.decoder.reorder_incremental_state_scripting(state, keep)
-                    enc, rows = model.encoder.reorder_encoder_out(enc, keep), rows[keep]
-                out = model.decoder(rows[:, : t + 1], enc, incremental_state=state, reuse_logits=reuse)[0]
-                logits.append((out.data_ptr(), out.clone() if reuse else out))
-            runs[reuse] = logits
-    assert len({pointer for pointer, _ in runs[True]}) == 1
-    assert len({pointer for pointer, _ in runs[False]}) == 4
+        runs = {reuse: beam_steps(model, model.encoder.reorder_encoder_out(encoder_out, order), tgt, finishes,
+                                  reuse_logits=reuse)[0]
+                for reuse in (True, False)}
+    assert len({out.data_ptr() for out, _ in runs[True]}) == 1
+    assert len({out.data_ptr() for out, _ in runs[False]}) == 4
     for (_, reused), (_, own) in zip(runs[True], runs[False]):
         assert torch.equal(reused, own)
 

@@ -128,9 +128,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         the incremental state, overwritten at every step. A new hypotheses x V tensor each
         step is fresh memory from the system, whose first touch costs about a tenth of the
         product at V = 18k on a CPU. The values are fc3's (``F.linear`` is this ``addmm``).
-        Features in another dtype than W_o's (under autocast) go through fc3, which casts."""
+        Features in another dtype than the layer's (under autocast) go through fc3, which casts.
+        (The dtype is read from b_o: W_o, when weight normalized, is recomputed at each read.)"""
         if candidates is None:
-            if not reuse_logits or incremental_state is None or features.dtype != self.fc3.weight.dtype:
+            if not reuse_logits or incremental_state is None or features.dtype != self.fc3.bias.dtype:
                 return self.fc3(features)
             positions = features.size(0) * features.size(1)
             logits = self.get_incremental_state(incremental_state, "logits")
