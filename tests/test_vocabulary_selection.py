@@ -66,24 +66,36 @@ def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
 
 
 def test_generation_takes_each_sentence_s_own_candidates(tmp_path):
-    """In generation each sentence gets the Lua rule applied to it alone: row b is what the
-    batch rule gives sentence b by itself, padded with NO_WORD."""
+    """In generation each sentence gets the Lua rule applied to it alone: row b holds what
+    the batch rule gives sentence b by itself. The words scored for every hypothesis come
+    first, at one column in every row: the specials, the most common, then those that 1 in
+    COMMON_SHARE (4) of the sentences have, NO_WORD where a sentence lacks one. Then each
+    sentence's other words, padded with NO_WORD."""
     selection = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=2, top_aligned=2)
-    src = torch.tensor([[SRC.pad(), SRC.index("a"), SRC.index("b"), SRC.eos()],
-                        [SRC.index("c"), SRC.unk(), SRC.index("c"), SRC.eos()],
-                        [SRC.pad(), SRC.pad(), SRC.index("d"), SRC.eos()]])
+    a, b, c, d = (SRC.index(w) for w in "abcd")
+    pad, eos = SRC.pad(), SRC.eos()
+    src = torch.tensor([[a, b, eos], [pad, c, eos], [pad, d, eos], [pad, a, eos], [pad, b, eos]])
     rows = selection.candidates_per_sentence(src)
-    alone = [selection.candidates(src[b: b + 1]).tolist() for b in range(len(src))]
-    assert alone[1] == sorted(set(range(TGT.nspecial)) | set(ids(TGT, ["x0", "x1", "x5"])))
-    assert rows.size(1) == max(map(len, alone))
+    alone = [selection.candidates(src[s: s + 1]).tolist() for s in range(len(src))]
+    always = list(range(TGT.nspecial)) + ids(TGT, ["x0", "x1"])
+    x3, x5, x8, x9 = ids(TGT, ["x3", "x5", "x8", "x9"])  # x3 (a), x8 and x9 (b): 2 sentences of 5 each
+    assert rows.tolist() == [always + [x3, x8, x9, NO_WORD],
+                             always + [NO_WORD, NO_WORD, NO_WORD, x5],  # x5 (c): 1 sentence of 5
+                             always + [NO_WORD] * 4,
+                             always + [x3, NO_WORD, NO_WORD, NO_WORD],
+                             always + [NO_WORD, x8, x9, NO_WORD]]
     for row, words in zip(rows.tolist(), alone):
-        assert row == words + [NO_WORD] * (rows.size(1) - len(words))
+        assert sorted(w for w in row if w != NO_WORD) == words
+    one = selection.candidates_per_sentence(src[:1])  # a sentence alone: each word is its sentence's
+    assert one.tolist() == [always + [x3, x8, x9]]
 
 
 def test_per_sentence_candidates_translate_each_sentence_as_alone():
     """A batch translated with each sentence's candidates gives every sentence the
     hypotheses and scores it gets when translated alone with its candidates, while
-    sentences finish at different steps and fairseq shrinks and reorders the batch."""
+    sentences finish at different steps and fairseq shrinks and reorders the batch; words
+    that several sentences share sit in one column of every row (scored for every
+    hypothesis), the others are each sentence's own."""
     torch.manual_seed(0)
     model, d = build(vocab=80)
     model.eval()
@@ -92,11 +104,15 @@ def test_per_sentence_candidates_translate_each_sentence_as_alone():
     src = random_tokens(d, 6, 7)
     generator = LeanSequenceGenerator([model], d, beam_size=3, max_len_b=12)
     specials = torch.arange(d.nspecial)
-    rows = [torch.cat([specials, torch.randperm(len(d) - d.nspecial)[: 10 + 7 * b].sort().values + d.nspecial])
-            for b in range(len(src))]
-    candidates = torch.full((len(src), max(map(len, rows))), NO_WORD)
-    for b, row in enumerate(rows):
+    words = torch.randperm(len(d) - d.nspecial) + d.nspecial
+    common, others = words[:6], words[6:]  # words some sentences share, in one column of every row
+    has = torch.rand(len(src), len(common)) < 0.5
+    own = [others[torch.randperm(len(others))[: 10 + 7 * b]].sort().values for b in range(len(src))]
+    candidates = torch.full((len(src), d.nspecial + len(common) + len(own[-1])), NO_WORD)
+    for b in range(len(src)):
+        row = torch.cat([specials, torch.where(has[b], common, NO_WORD), own[b]])
         candidates[b, : len(row)] = row
+    rows = [row[row.ge(0)].sort().values for row in candidates]  # each sentence's words, sorted
     sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((len(src),), 7)}}
     batch = generator.generate([model], dict(sample, candidates=candidates))
     lengths = set()
@@ -112,39 +128,64 @@ def test_per_sentence_candidates_translate_each_sentence_as_alone():
 
 
 def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
-    """Generation memory: the words every sentence shares (specials, most common) are
-    scored with W_o's own rows; only each sentence's other words' rows are gathered, once,
-    and when sentences finish the rows left move down in the same tensor."""
+    """Generation memory and work: the words in one column of every sentence's candidates
+    (specials, most common, and words that many sentences share, absent from some) are
+    scored for every hypothesis with W_o's rows (its own when they are in place), -inf where
+    a sentence lacks the word; only each sentence's other words' rows are gathered, once, and
+    when sentences finish the rows left move down in the same tensor."""
     torch.manual_seed(0)
     model, d = build(vocab=60)
     model.eval()
     decoder = model.decoder
     shared = d.nspecial + 5
-    rows = [torch.cat([torch.arange(shared), torch.tensor(own)])
-            for own in [[20, 30], [21, 31, 41], [22, 32, 42, 52]]]
-    candidates = torch.full((3, 4 + shared), NO_WORD)
-    for b, row in enumerate(rows):
+    common = [[45, NO_WORD], [45, 50], [NO_WORD, 50]]  # the same word in a column, or none
+    own = [[20, 30], [21, 31, 41], [22, 32, 42, 52]]
+    candidates = torch.full((3, shared + 2 + 4), NO_WORD)
+    for b in range(3):
+        row = torch.cat([torch.arange(shared), torch.tensor(common[b] + own[b])])
         candidates[b, : len(row)] = row
     beam, src = 2, random_tokens(d, 3, 5)
-    encoder_out = model.encoder(src.repeat_interleave(beam, 0), torch.full((3 * beam,), 5))
-    state, prev = {}, torch.full((3 * beam, 1), d.eos())
+    encoder_out = encoder_out_of(model, src, beam)
+    state, full_state, prev = {}, {}, torch.full((3 * beam, 1), d.eos())
+
+    def step(logits, full, candidates):
+        for b, row in enumerate(candidates.tolist()):
+            hypotheses = slice(b * beam, (b + 1) * beam)
+            words = [c for c, w in enumerate(row) if w != NO_WORD]
+            torch.testing.assert_close(logits[hypotheses, :, words], full[hypotheses, :, [row[c] for c in words]])
+            assert logits[hypotheses, :, [c for c, w in enumerate(row) if w == NO_WORD]].eq(float("-inf")).all()
+
     with torch.no_grad():
         logits, _ = decoder(prev, encoder_out, state, candidates=candidates)
-        full, _ = decoder(prev, encoder_out, {})
+        full, _ = decoder(prev, encoder_out, full_state)
+    step(logits, full, candidates)
     kept = decoder.get_incremental_state(state, "candidate_rows")
-    assert kept["shared"] == shared and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
-    for b, row in enumerate(rows):
-        hypotheses = slice(b * beam, (b + 1) * beam)
-        torch.testing.assert_close(logits[hypotheses, :, : len(row)], full[hypotheses, :, row])
-        assert logits[hypotheses, :, len(row):].eq(float("-inf")).all()  # no word
-    with torch.no_grad():  # every word shared: no rows gathered
-        everything, _ = decoder(prev, encoder_out, {}, candidates=torch.arange(len(d)).expand(3, -1))
+    assert len(kept["every_hypothesis"][0]) == shared + 2 and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
+    assert kept["absent"].tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
+                                       [False] * shared + [True, False]]
+    everything_state = {}
+    with torch.no_grad():  # every word in every row: W_o's own rows, no rows gathered
+        everything, _ = decoder(prev, encoder_out, everything_state, candidates=torch.arange(len(d)).expand(3, -1))
     torch.testing.assert_close(everything, full)
+    rows = decoder.get_incremental_state(everything_state, "candidate_rows")
+    assert rows["weight"].numel() == 0 and rows["absent"] is None
     storage = kept["weight"].data_ptr()
-    decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0, 5, 4]))  # sentence 1 finished
+    new_order = torch.tensor([1, 0, 5, 4])  # sentence 1 finished
+    decoder.reorder_incremental_state_scripting(state, new_order)
+    decoder.reorder_incremental_state_scripting(full_state, new_order)
     kept = decoder.get_incremental_state(state, "candidate_rows")
     assert kept["weight"].data_ptr() == storage and len(kept["weight"]) == 2
-    torch.testing.assert_close(kept["weight"][1, :4], decoder.fc3.weight[rows[2][shared:]])
+    torch.testing.assert_close(kept["weight"][1, :4], decoder.fc3.weight[own[2]])
+    prev = torch.tensor([[d.eos(), 45], [d.eos(), 20], [d.eos(), 50], [d.eos(), 52]])
+    encoder_out = encoder_out_of(model, src[[0, 2]], beam)
+    with torch.no_grad():  # the next step: each sentence left still scores its own words
+        logits, _ = decoder(prev, encoder_out, state, candidates=candidates[[0, 2]])
+        full, _ = decoder(prev, encoder_out, full_state)
+    step(logits, full, candidates[[0, 2]])
+
+
+def encoder_out_of(model, src, beam):
+    return model.encoder(src.repeat_interleave(beam, 0), torch.full((len(src) * beam,), src.size(1)))
 
 
 @pytest.mark.parametrize("lines, message", [

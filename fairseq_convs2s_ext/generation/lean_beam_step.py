@@ -56,8 +56,9 @@ class LocalVocabularyEnsemble(EnsembleModel):
     """fairseq's ensemble whose ``forward_decoder`` returns each hypothesis's log-probabilities
     over its local vocabulary: the special symbols, then its ``words_per_row`` best words.
 
-    With vocabulary selection, ``candidates`` (sorted target ids, the specials first) are the
-    words the models score in the current call, and the best words are chosen among them.
+    With vocabulary selection, ``candidates`` (target ids, the specials first at their own
+    ids: the batch's, or a row for each sentence) are the words the models score in the
+    current call, and the best words are chosen among them.
     ``words`` holds, after each step, the global id of every local column (hypotheses x
     local width), for :class:`LocalVocabularyBeamSearch`.
     """
@@ -149,8 +150,8 @@ class LeanSequenceGenerator(SequenceGenerator):
     vocabularies (see the module's docstring) wherever it finds the same hypotheses as
     fairseq's own search, which it is otherwise.
 
-    A sample with ``"candidates"`` (vocabulary selection: sorted target ids, the special
-    symbols first; the batch's, or a row for each sentence) is translated with its models
+    A sample with ``"candidates"`` (vocabulary selection: target ids, the special symbols
+    first at their own ids; the batch's, or a row for each sentence) is translated with its models
     scoring those words only, and its hypotheses are in full dictionary ids; that needs the
     lean step.
     """

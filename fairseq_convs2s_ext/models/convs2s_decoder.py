@@ -61,8 +61,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None,
                 return_all_attention=False, reuse_logits=False, **unused):
         """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}, the
-        attention averaged over the layers that attend. With ``candidates`` (sorted target ids,
-        vocabulary selection), logits over those words only (B x T x len(candidates)).
+        attention averaged over the layers that attend. With ``candidates`` (target ids,
+        vocabulary selection, see :meth:`output_layer`), logits over those words only (B x T
+        x the candidates' columns).
         ``return_all_attention`` (off in generation) adds {"layer_attn": [B x T x S]}, each
         attending layer's own, in order. ``reuse_logits``: see :meth:`output_layer`."""
         g = self.embed(prev_output_tokens, incremental_state)
@@ -114,14 +115,17 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def output_layer(self, features, candidates=None, incremental_state=None, reuse_logits=False):
         """W_o h + b_o: logits of every word, or of the ``candidates`` only (vocabulary
         selection: only their rows of W_o and b_o are used). ``candidates`` are the sorted
-        ids of the batch's words (1-D), or of each sentence's (S x C, padded with negative
+        ids of the batch's words (1-D), or each sentence's words (S x C, padded with negative
         ids, whose logits are -inf), the hypotheses of a sentence being consecutive rows of
-        ``features``. Each sentence's candidates begin with the same words (the specials
-        and the most common, ids 0..P-1: rows of W_o as they are, one matrix multiply for
-        every hypothesis); its other words' rows are gathered into a sentence x word x
-        channel tensor, multiplied by its hypotheses alone. In a beam search the gathered
-        rows are kept in the incremental state, gathered once for the batch and compacted
-        in place as sentences finish (:meth:`reorder_incremental_state`).
+        ``features``. The leading columns that hold one word in every row (or none: a negative
+        id) are scored for every hypothesis with one matrix multiply, as the batch's words
+        are, and are -inf in the rows of the sentences without them
+        (``VocabularySelection.candidates_per_sentence`` puts the specials, the most common
+        words and the words many sentences share there). Each sentence's other words' rows
+        are gathered into a sentence x word x channel tensor, multiplied by its hypotheses
+        alone. In a beam search the gathered rows are kept in the incremental state, gathered
+        once for the batch and compacted in place as sentences finish
+        (:meth:`reorder_incremental_state`).
 
         ``reuse_logits`` (for a caller done with a step's logits before the next step, as the
         lean beam step is): the whole vocabulary's logits are written into one tensor kept in
@@ -147,26 +151,39 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 self.set_incremental_state(incremental_state, "candidate_rows", rows)
         if candidates.dim() == 1:
             return F.linear(features, rows["weight"], rows["bias"])
-        shared = rows["shared"]
+        logits = F.linear(features, *rows["every_hypothesis"])
+        if rows["absent"] is not None:
+            logits.view(len(rows["absent"]), -1, logits.size(-1)).masked_fill_(rows["absent"].unsqueeze(1), float("-inf"))
+        if rows["weight"].size(1) == 0:
+            return logits
         hypotheses, steps, channels = features.shape
         by_sentence = features.reshape(rows["weight"].size(0), -1, channels)
         own = torch.baddbmm(rows["bias"].unsqueeze(1), by_sentence, rows["weight"].transpose(1, 2))
-        return torch.cat([F.linear(features, self.fc3.weight[:shared], self.fc3.bias[:shared]),
-                          own.view(hypotheses, steps, rows["weight"].size(1))], dim=-1)
+        return torch.cat([logits, own.view(hypotheses, steps, rows["weight"].size(1))], dim=-1)
 
     def rows_of(self, candidates, hypotheses):
-        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word); for
-        each sentence's, the number of words they all begin with and the rows of the others,
-        and the number of hypotheses of a sentence."""
+        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word). For
+        each sentence's: the rows (W_o's own where they are in place) and bias of the words
+        scored for every hypothesis, which of them each sentence lacks (None if none), the
+        rows and bias of each sentence's other words, and the number of hypotheses of a
+        sentence."""
         if candidates.dim() == 1:
             return {"weight": self.fc3.weight.index_select(0, candidates), "bias": self.fc3.bias[candidates]}
-        in_place = candidates == torch.arange(candidates.size(1), device=candidates.device)
-        shared = int(in_place.all(0).cumprod(0).sum())
-        own = candidates[:, shared:]
+        word = candidates.max(0).values  # of each column, where a row has one
+        one_word = ((candidates == word) | (candidates < 0)).all(0)
+        width = int(one_word.cumprod(0).sum())
+        ids = word[:width].clamp(min=0)
+        if torch.equal(ids, torch.arange(width, device=ids.device)):  # W_o's own rows, no copy
+            every_hypothesis = self.fc3.weight[:width], self.fc3.bias[:width]
+        else:
+            every_hypothesis = self.fc3.weight.index_select(0, ids), self.fc3.bias.index_select(0, ids)
+        absent = candidates[:, :width] < 0
+        own = candidates[:, width:]
         words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
         weight = self.fc3.weight.index_select(0, words).view(*own.shape, self.fc3.in_features)
         bias = self.fc3.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
-        return {"weight": weight, "bias": bias, "shared": shared, "beam": hypotheses // len(candidates)}
+        return {"every_hypothesis": every_hypothesis, "absent": absent if absent.any() else None,
+                "weight": weight, "bias": bias, "beam": hypotheses // len(candidates)}
 
     def reorder_incremental_state(self, incremental_state, new_order):
         """Keep the gathered W_o rows and the projected sources of the sentences still
@@ -178,6 +195,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             sentences = sentences_kept(new_order, rows["beam"], len(rows["bias"]))
             if sentences is not None:
                 rows.update(weight=keep_rows_(rows["weight"], sentences), bias=keep_rows_(rows["bias"], sentences))
+                if rows["absent"] is not None:
+                    rows["absent"] = rows["absent"].index_select(0, sentences)
         sources = self.get_incremental_state(incremental_state, "projected_sources")
         if sources is not None:
             sentences = sentences_kept(new_order, sources["beam"], sources["rows"])
