@@ -161,8 +161,8 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
     step(logits, full, candidates)
     kept = decoder.get_incremental_state(state, "candidate_rows")
     assert len(kept["every_hypothesis"][0]) == shared + 2 and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
-    assert kept["absent"].tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
-                                       [False] * shared + [True, False]]
+    assert kept["absent"].isinf().tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
+                                               [False] * shared + [True, False]]
     everything_state = {}
     with torch.no_grad():  # every word in every row: W_o's own rows, no rows gathered
         everything, _ = decoder(prev, encoder_out, everything_state, candidates=torch.arange(len(d)).expand(3, -1))
