@@ -17,7 +17,9 @@ setup(
         # Official fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is
         # the same code with that fixed (and pins hydra-core 1.3.2, omegaconf 2.3.0).
         "fairseq-fixed==0.12.3.1",
-        "torch>=2.0",
+        # 2.6: torch.load's weights_only default, on which the plugin's checkpoint safety
+        # rests (checkpoints/safe_loading.py); before it fairseq unpickles anything.
+        "torch>=2.6",
         "sacrebleu>=2.0",
         "subword-nmt>=0.3.8",
         "sacremoses>=0.0.53",
