@@ -184,6 +184,55 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
     step(logits, full, candidates[[0, 2]])
 
 
+def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
+    """At a beam search's first step every hypothesis of a sentence has the same prefix:
+    with each sentence's candidates the decoder computes one row per sentence and copies
+    it, logits, attention and incremental state alike, so the next steps are those of a
+    first step computed for every hypothesis (the full vocabulary's, here)."""
+    torch.manual_seed(0)
+    model, d = build(vocab=60)
+    model.eval()
+    model.decoder.need_attn = True
+    beam, src = 3, random_tokens(d, 4, 6)
+    candidates = torch.full((4, d.nspecial + 12), NO_WORD)
+    for b in range(4):
+        candidates[b, : d.nspecial + 8 + b] = torch.cat([torch.arange(d.nspecial),
+                                                         torch.randperm(50)[: 8 + b].sort().values + 10])
+    encoder_out = model.encoder(src, torch.full((4,), 6))
+    # fairseq's expansion to beam rows: one encoder row per sentence, read by its b hypotheses
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.arange(4).repeat_interleave(beam))
+    assert encoder_out["beam"] == beam
+    rows_seen = []
+    hook = model.decoder.fc1.register_forward_hook(lambda module, inputs, output: rows_seen.append(len(output)))
+    state, full_state = {}, {}
+    prev = torch.full((4 * beam, 1), d.eos())
+    with torch.no_grad():
+        logits, extra = model.decoder(prev, encoder_out, state, candidates=candidates)
+        full, full_extra = model.decoder(prev, encoder_out, full_state)
+        different = torch.randint(d.nspecial, len(d), (4 * beam, 2))  # prefixes that differ: every row
+        model.decoder(different, encoder_out, {}, candidates=candidates)
+    hook.remove()
+    assert rows_seen == [4, 4 * beam, 4 * beam]  # once per sentence with candidates, else per hypothesis
+
+    def same(logits, full, candidates, beam):
+        for b, row in enumerate(candidates.tolist()):
+            words = [c for c, w in enumerate(row) if w != NO_WORD]
+            hypotheses = slice(b * beam, (b + 1) * beam)
+            torch.testing.assert_close(logits[hypotheses, :, words], full[hypotheses, :, [row[c] for c in words]])
+
+    same(logits, full, candidates, beam)
+    torch.testing.assert_close(extra["attn"][0], full_extra["attn"][0])
+    new_order = torch.tensor([2, 0, 1, 3, 3, 4, 9, 10, 11])  # fairseq reorders; sentence 2 finished
+    for s in (state, full_state):
+        model.decoder.reorder_incremental_state_scripting(s, new_order)
+    encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+    prev = torch.cat([prev[new_order], torch.randint(d.nspecial, len(d), (len(new_order), 1))], dim=1)
+    with torch.no_grad():
+        logits, _ = model.decoder(prev, encoder_out, state, candidates=candidates[[0, 1, 3]])
+        full, _ = model.decoder(prev, encoder_out, full_state)
+    same(logits, full, candidates[[0, 1, 3]], beam)
+
+
 def encoder_out_of(model, src, beam):
     return model.encoder(src.repeat_interleave(beam, 0), torch.full((len(src) * beam,), src.size(1)))
 
