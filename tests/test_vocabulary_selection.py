@@ -147,18 +147,10 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
     beam, src = 2, random_tokens(d, 3, 5)
     encoder_out = encoder_out_of(model, src, beam)
     state, full_state, prev = {}, {}, torch.full((3 * beam, 1), d.eos())
-
-    def step(logits, full, candidates):
-        for b, row in enumerate(candidates.tolist()):
-            hypotheses = slice(b * beam, (b + 1) * beam)
-            words = [c for c, w in enumerate(row) if w != NO_WORD]
-            torch.testing.assert_close(logits[hypotheses, :, words], full[hypotheses, :, [row[c] for c in words]])
-            assert logits[hypotheses, :, [c for c, w in enumerate(row) if w == NO_WORD]].eq(float("-inf")).all()
-
     with torch.no_grad():
         logits, _ = decoder(prev, encoder_out, state, candidates=candidates)
         full, _ = decoder(prev, encoder_out, full_state)
-    step(logits, full, candidates)
+    assert_each_sentence_scores_its_words(logits, full, candidates, beam)
     kept = decoder.get_incremental_state(state, "candidate_rows")
     assert len(kept["every_hypothesis"][0]) == shared + 2 and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
     assert kept["absent"].isinf().tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
@@ -181,7 +173,7 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
     with torch.no_grad():  # the next step: each sentence left still scores its own words
         logits, _ = decoder(prev, encoder_out, state, candidates=candidates[[0, 2]])
         full, _ = decoder(prev, encoder_out, full_state)
-    step(logits, full, candidates[[0, 2]])
+    assert_each_sentence_scores_its_words(logits, full, candidates[[0, 2]], beam)
 
 
 def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
@@ -213,14 +205,7 @@ def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
         model.decoder(different, encoder_out, {}, candidates=candidates)
     hook.remove()
     assert rows_seen == [4, 4 * beam, 4 * beam]  # once per sentence with candidates, else per hypothesis
-
-    def same(logits, full, candidates, beam):
-        for b, row in enumerate(candidates.tolist()):
-            words = [c for c, w in enumerate(row) if w != NO_WORD]
-            hypotheses = slice(b * beam, (b + 1) * beam)
-            torch.testing.assert_close(logits[hypotheses, :, words], full[hypotheses, :, [row[c] for c in words]])
-
-    same(logits, full, candidates, beam)
+    assert_each_sentence_scores_its_words(logits, full, candidates, beam)
     torch.testing.assert_close(extra["attn"][0], full_extra["attn"][0])
     new_order = torch.tensor([2, 0, 1, 3, 3, 4, 9, 10, 11])  # fairseq reorders; sentence 2 finished
     for s in (state, full_state):
@@ -230,11 +215,21 @@ def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
     with torch.no_grad():
         logits, _ = model.decoder(prev, encoder_out, state, candidates=candidates[[0, 1, 3]])
         full, _ = model.decoder(prev, encoder_out, full_state)
-    same(logits, full, candidates[[0, 1, 3]], beam)
+    assert_each_sentence_scores_its_words(logits, full, candidates[[0, 1, 3]], beam)
 
 
 def encoder_out_of(model, src, beam):
     return model.encoder(src.repeat_interleave(beam, 0), torch.full((len(src) * beam,), src.size(1)))
+
+
+def assert_each_sentence_scores_its_words(logits, full, candidates, beam):
+    """Logits over each sentence's candidates (``beam`` consecutive rows a sentence) are the
+    full vocabulary's logits of its words, column by column, and -inf where it has none."""
+    for b, row in enumerate(candidates.tolist()):
+        hypotheses = slice(b * beam, (b + 1) * beam)
+        words = [c for c, w in enumerate(row) if w != NO_WORD]
+        torch.testing.assert_close(logits[hypotheses, :, words], full[hypotheses, :, [row[c] for c in words]])
+        assert logits[hypotheses, :, [c for c, w in enumerate(row) if w == NO_WORD]].eq(float("-inf")).all()
 
 
 @pytest.mark.parametrize("lines, message", [

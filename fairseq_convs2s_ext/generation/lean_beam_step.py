@@ -151,9 +151,9 @@ class LeanSequenceGenerator(SequenceGenerator):
     fairseq's own search, which it is otherwise.
 
     A sample with ``"candidates"`` (vocabulary selection: target ids, the special symbols
-    first at their own ids; the batch's, or a row for each sentence) is translated with its models
-    scoring those words only, and its hypotheses are in full dictionary ids; that needs the
-    lean step.
+    first at their own ids; the batch's, or a row for each sentence) is translated with its
+    models scoring those words only, and its hypotheses are in full dictionary ids; that
+    needs the lean step.
     """
 
     def __init__(self, models, tgt_dict, **kwargs):

@@ -111,7 +111,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         vocabulary promises fconv's hypotheses bit for bit."""
         beam = encoder_out["beam"]
         rows = self.rows_of(candidates, hypotheses=prev_output_tokens.size(0))
-        self.set_incremental_state(incremental_state, "candidate_rows", rows)
+        self.set_incremental_state(incremental_state, "candidate_rows", rows)  # for b hypotheses a sentence
+        # with the rows kept, an ordinary step over one hypothesis a sentence
         logits, extra = self.forward(prev_output_tokens[::beam], dict(encoder_out, beam=1), incremental_state,
                                      candidates, return_all_attention)
         copies = torch.arange(len(candidates), device=logits.device).repeat_interleave(beam)
@@ -194,10 +195,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def rows_of(self, candidates, hypotheses):
         """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word). For
         each sentence's: the rows (W_o's own where they are in place) and bias of the words
-        scored for every hypothesis, -inf where a sentence lacks one of them and 0 elsewhere
-        (None if every sentence has them all), the
-        rows and bias of each sentence's other words, and the number of hypotheses of a
-        sentence."""
+        scored for every hypothesis; ``absent``, -inf where a sentence lacks one of them and 0
+        elsewhere (None if every sentence has them all); the rows and bias of each sentence's
+        other words; and the number of hypotheses of a sentence."""
         if candidates.dim() == 1:
             return {"weight": self.fc3.weight.index_select(0, candidates), "bias": self.fc3.bias[candidates]}
         word = candidates.max(0).values  # of each column, where a row has one
