@@ -15,8 +15,10 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
 Training takes the candidates of the whole batch, as fairseq-lua did. Generation takes each
 sentence's own (fairseq-lua's generate-lines translated a sentence at a time): a batch of 128
 word-level Multi30k sentences has about 4,200 candidates, one sentence about 720, so the
-output layer does a sixth of the work, and a translation no longer depends on the other
-sentences of its batch (bench/README.md).
+output layer does a fifth to a quarter of the work (the words many sentences share are
+scored for every hypothesis, see :meth:`VocabularySelection.candidates_per_sentence`), and
+the words a translation can use do not depend on the other sentences of its batch (its
+scores only up to rounding; bench/README.md).
 
 The candidates of a batch are a sorted tensor of target dictionary ids, so the special
 symbols come first at their own ids (0..nspecial-1) and local index i stands for word
