@@ -180,9 +180,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             rows = self.rows_of(candidates, hypotheses=features.size(0))
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, "candidate_rows", rows)
-        if candidates.dim() == 1:
-            return F.linear(features, rows["weight"], rows["bias"])
         logits = F.linear(features, *rows["every_hypothesis"])
+        if candidates.dim() == 1:
+            return logits
         if rows["absent"] is not None:  # -inf added: 10x faster than a broadcast masked_fill_
             logits.view(len(rows["absent"]), -1, logits.size(-1)).add_(rows["absent"].unsqueeze(1))
         if rows["weight"].size(1) == 0:
@@ -193,13 +193,14 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return torch.cat([logits, own.view(hypotheses, steps, rows["weight"].size(1))], dim=-1)
 
     def rows_of(self, candidates, hypotheses):
-        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word). For
-        each sentence's: the rows (W_o's own where they are in place) and bias of the words
-        scored for every hypothesis; ``absent``, -inf where a sentence lacks one of them and 0
-        elsewhere (None if every sentence has them all); the rows and bias of each sentence's
-        other words; and the number of hypotheses of a sentence."""
+        """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word): of
+        the words scored for every hypothesis (all of a batch's; W_o's own rows where they are
+        in place). For each sentence's also ``absent``, -inf where a sentence lacks one of
+        those words and 0 elsewhere (None if every sentence has them all); the rows and bias
+        of each sentence's other words; and the number of hypotheses of a sentence."""
         if candidates.dim() == 1:
-            return {"weight": self.fc3.weight.index_select(0, candidates), "bias": self.fc3.bias[candidates]}
+            return {"every_hypothesis": (self.fc3.weight.index_select(0, candidates),
+                                         self.fc3.bias.index_select(0, candidates))}
         word = candidates.max(0).values  # of each column, where a row has one
         one_word = ((candidates == word) | (candidates < 0)).all(0)
         width = int(one_word.cumprod(0).sum())
@@ -208,14 +209,16 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             every_hypothesis = self.fc3.weight[:width], self.fc3.bias[:width]
         else:
             every_hypothesis = self.fc3.weight.index_select(0, ids), self.fc3.bias.index_select(0, ids)
-        absent = torch.zeros(candidates.size(0), width, dtype=every_hypothesis[1].dtype, device=candidates.device)
-        absent.masked_fill_(candidates[:, :width] < 0, float("-inf"))
+        missing = candidates[:, :width] < 0
+        absent = None
+        if missing.any():
+            absent = torch.zeros_like(missing, dtype=every_hypothesis[1].dtype).masked_fill_(missing, float("-inf"))
         own = candidates[:, width:]
         words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
         weight = self.fc3.weight.index_select(0, words).view(*own.shape, self.fc3.in_features)
         bias = self.fc3.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
-        return {"every_hypothesis": every_hypothesis, "absent": absent if absent.isinf().any() else None,
-                "weight": weight, "bias": bias, "beam": hypotheses // len(candidates)}
+        return {"every_hypothesis": every_hypothesis, "absent": absent, "weight": weight, "bias": bias,
+                "beam": hypotheses // len(candidates)}
 
     def reorder_incremental_state(self, incremental_state, new_order):
         """Keep the gathered W_o rows and the projected sources of the sentences still
