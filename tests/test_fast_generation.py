@@ -1,6 +1,7 @@
 """Beam search reads each source once per sentence: the encoder output is shared by a
 sentence's hypotheses, a beam's reordering copies nothing, and each attention's projections
-of the source are made once per sentence (see bench/README.md)."""
+of the source are made once per sentence; the first convolution's products are made once
+per word (see bench/README.md)."""
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
@@ -126,6 +127,51 @@ def test_projected_sources_follow_the_sentences_of_a_beam_search():
             outputs.append([out for out, _ in logits])
     for folded, own in zip(*outputs):
         torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [dict(), ODD_SHAPES])
+def test_the_first_convolution_is_looked_up_per_word_met(overrides):
+    """In incremental steps the first convolution reads only embeddings, which fc1 maps
+    linearly: its output is the sum of each word's products, made the first time the search
+    meets the word, and of the positions' part, one row a step. The steps equal the full
+    forward's (with random biases: fc1's belongs to the positions' part), from the first
+    step, whose window is mostly before the sentence, through a beam's reorder."""
+    model, d = build(**overrides)
+    with_random_biases(model).eval()
+    order = torch.arange(3).repeat_interleave(2)
+    tgt = random_tokens(d, 6, 7)
+    tgt[:, 5] = tgt[0, 0]  # a word met again
+    new_order = torch.tensor([1, 1, 2, 3, 5, 5])
+    rows = []
+    first = model.decoder.convolutions[0].linear
+    hook = first.register_forward_hook(lambda module, inputs, output: rows.append(output.shape[:-1].numel()))
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+        steps, state = beam_steps(model, model.encoder.reorder_encoder_out(encoder_out, order), tgt, {3: new_order})
+        hook.remove()
+        before = model.decoder(tgt, expand(encoder_out, order))[0]
+        after = model.decoder(torch.cat([tgt[new_order, :3], tgt[:, 3:]], 1), expand(encoder_out, order[new_order]))[0]
+    logits = torch.cat([out for out, _ in steps], 1)
+    torch.testing.assert_close(logits[:, :3], before[:, :3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[:, 3:], after[:, 3:], atol=1e-5, rtol=1e-5)
+    assert rows == [1] * tgt.size(1)  # the positions' part only
+    table = model.decoder.get_incremental_state(state, "word_products")
+    assert table["met"] == len(tgt.unique())
+    assert (table["index"] >= 0).sum() == table["met"]
+
+
+def test_with_dropout_kept_in_generation_the_first_convolution_is_computed():
+    """--retain-dropout drops the embeddings and the convolution's input, so no word's
+    products can be kept: every step computes the first convolution."""
+    model, d = build()
+    model.make_generation_fast_(retain_dropout=True)
+    rows = []
+    model.decoder.convolutions[0].linear.register_forward_hook(lambda module, inputs, output: rows.append(len(output)))
+    with torch.no_grad():
+        encoder_out, _ = encode(model, d)
+        _, state = beam_steps(model, encoder_out, random_tokens(d, 3, 4), {})
+    assert rows == [3] * 4
+    assert model.decoder.get_incremental_state(state, "word_products") is None
 
 
 @pytest.mark.parametrize("folded", [False, True])

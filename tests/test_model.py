@@ -82,7 +82,8 @@ def test_incremental_equals_full_forward_with_beam_reordering(overrides):
 
 
 def test_incremental_step_buffers_only_k_inputs():
-    """A step's cost does not grow with the prefix: each convolution keeps exactly k inputs."""
+    """A step's cost does not grow with the prefix: each convolution keeps exactly k inputs,
+    but the first, which keeps its products with each word met (``first_convolution_looked_up``)."""
     model, d = build(**ODD_SHAPES)
     model.eval()
     src, tgt = random_tokens(d, 2, 5), random_tokens(d, 2, 12)
@@ -91,8 +92,11 @@ def test_incremental_step_buffers_only_k_inputs():
         encoder_out = model.encoder(src)
         for t in range(tgt.size(1)):
             model.decoder(tgt[:, : t + 1], encoder_out, incremental_state=state)
-    windows = [conv.get_incremental_state(state, "window") for conv in model.decoder.convolutions]
-    for conv, window in zip(model.decoder.convolutions, windows):
+    first, *others = model.decoder.convolutions
+    assert first.get_incremental_state(state, "window") is None
+    assert model.decoder.get_incremental_state(state, "word_products")["met"] == len(tgt.unique())
+    for conv in others:
+        window = conv.get_incremental_state(state, "window")
         if conv.kernel_width == 1:
             assert window is None
         else:

@@ -195,7 +195,7 @@ def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.arange(4).repeat_interleave(beam))
     assert encoder_out["beam"] == beam
     rows_seen = []
-    hook = model.decoder.fc1.register_forward_hook(lambda module, inputs, output: rows_seen.append(len(output)))
+    hook = model.decoder.fc2.register_forward_hook(lambda module, inputs, output: rows_seen.append(len(output)))
     state, full_state = {}, {}
     prev = torch.full((4 * beam, 1), d.eos())
     with torch.no_grad():
