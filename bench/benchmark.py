@@ -197,9 +197,10 @@ def arithmetic_ratio(model, candidates):
     """fconv's multiply-adds per hypothesis and decoder step over ours with vocabulary
     selection as it generates (``model``, freshly converted, is prepared for generation
     here): ours has no attention projections per step (they move onto the source, once per
-    sentence), fc2 folded into the output layer, and ``candidates`` output words. Left out
-    of both: the attention's products with the source, and ours' projections of it, a few
-    percent."""
+    sentence), no first convolution (looked up per word), fc2 folded into the output layer,
+    and ``candidates`` output words. Left out of both: the attention's products with the
+    source, and ours' projections of it and products of the first convolution with each
+    word met, a few percent."""
     decoder = model.decoder
 
     def multiply_adds(modules):
@@ -208,7 +209,8 @@ def arithmetic_ratio(model, candidates):
     full = multiply_adds(decoder.modules())
     model.make_generation_fast_()
     attention = {m for layer in decoder.attention if layer is not None for m in layer.modules()}
-    per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m is not decoder.fc3)
+    looked_up = {decoder.convolutions[0].linear, decoder.fc3}
+    per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m not in looked_up)
     return full / (per_step + candidates * decoder.fc3.in_features)
 
 
