@@ -209,8 +209,8 @@ def arithmetic_ratio(model, candidates):
     full = multiply_adds(decoder.modules())
     model.make_generation_fast_()
     attention = {m for layer in decoder.attention if layer is not None for m in layer.modules()}
-    looked_up = {decoder.convolutions[0].linear, decoder.fc3}
-    per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m not in looked_up)
+    not_per_step = {decoder.convolutions[0].linear, decoder.fc3}  # looked up; the candidates instead
+    per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m not in not_per_step)
     return full / (per_step + candidates * decoder.fc3.in_features)
 
 

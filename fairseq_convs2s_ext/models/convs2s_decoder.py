@@ -157,24 +157,23 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def word_products(self, words, incremental_state):
         """The first convolution's products W_s W_1 w with each word met in this search, for
         each of the k slots s of its window (k x words met x 2d), and the index of each of
-        ``words`` among them. A word not met before is added (the table grows by doubling)."""
+        ``words`` among them. A word not met before is added."""
+        linear, k = self.convolutions[0].linear, self.convolutions[0].kernel_width
         table = self.get_incremental_state(incremental_state, "word_products")
         if table is None:
-            table = {"index": words.new_full((len(self.dictionary),), -1), "met": 0, "products": None}
+            table = {"index": words.new_full((len(self.dictionary),), -1), "met": 0,
+                     "products": linear.bias.new_empty(k, 0, linear.out_features)}
             self.set_incremental_state(incremental_state, "word_products", table)
         index = table["index"][words]
         if bool((index < 0).any()):
             new = words[index < 0].unique()
             met = table["met"] + len(new)
             table["index"][new] = torch.arange(table["met"], met, device=words.device)
-            weight = self.convolutions[0].linear.weight
-            k = self.convolutions[0].kernel_width
-            w_s = weight.view(weight.size(0), k, -1).transpose(0, 1)  # k x 2d x d
+            w_s = linear.weight.view(linear.out_features, k, -1).transpose(0, 1)  # k x 2d x d
             products = torch.matmul(F.linear(self.embed.tokens(new), self.fc1.weight), w_s.transpose(1, 2))
-            if table["products"] is None or met > table["products"].size(1):
+            if met > table["products"].size(1):  # doubled: growing by the new words copied 330 MB on BPE
                 grown = products.new_empty(k, 2 * met, products.size(-1))
-                if table["met"]:
-                    grown[:, : table["met"]] = table["products"][:, : table["met"]]
+                grown[:, : table["met"]] = table["products"][:, : table["met"]]
                 table["products"] = grown
             table["products"][:, table["met"] : met] = products
             table["met"] = met
