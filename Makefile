@@ -24,7 +24,9 @@ RECIPE = $(PY) -m convs2s_recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOK
 # A virtual environment inside the checkout, built from nothing. torch is installed first
 # and pinned through PIP_CONSTRAINT, which pip also hands to fairseq's isolated build
 # environment (a plain `-c` would not reach it, and an unpinned torch there pulls GBs of
-# CUDA packages). The stamp makes a second call a no-op unless setup.py changed.
+# CUDA packages). The lean beam step's CPU kernel is compiled here (about 40 s) rather
+# than at the first translation; where it cannot be, a warning says why and translation
+# uses torch's operations. The stamp makes a second call a no-op unless setup.py changed.
 install: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py
@@ -32,6 +34,8 @@ $(VENV)/.installed: setup.py
 	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align]"
+	$(PY) -c "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s'); \
+		from fairseq_convs2s_ext.generation import top_log_probs; top_log_probs.load()"
 	touch $@
 
 test: install

@@ -11,7 +11,9 @@ setup(
     packages=find_packages(include=["fairseq_convs2s_ext", "fairseq_convs2s_ext.*"])
     + ["convs2s_preprocess", "convs2s_recipes"],
     package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes"},
-    package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"]},
+    package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"],
+                  # the lean beam step's kernel, compiled on first use (generation/top_log_probs.py)
+                  "fairseq_convs2s_ext.generation": ["*.cpp"]},
     include_package_data=True,
     install_requires=[
         # Official fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is
@@ -33,6 +35,7 @@ setup(
         'and python_version < "3.12"',
         "matplotlib>=3.5",  # convs2s-plot-attention
         "tensorboardX>=2.0",  # fairseq's --tensorboard-logdir (and its "Please install tensorboardX" at import)
+        "ninja",  # torch.utils.cpp_extension's build of the lean beam step's kernel
     ],
     extras_require={
         "test": ["pytest>=7"],

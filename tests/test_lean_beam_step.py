@@ -15,7 +15,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.tasks import setup_task
 from fairseq.tasks.translation import TranslationTask
 
-from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
+from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment, top_log_probs
 from fairseq_convs2s_ext.generation.lean_beam_step import LocalVocabularyEnsemble
 from fairseq_convs2s_ext.generation import UnknownWordReplacer
 from cli_helpers import run
@@ -70,6 +70,19 @@ def widths(generator):
     return recorded
 
 
+def kernel_calls(monkeypatch):
+    """Record, for each step, whether the top_log_probs kernel computed it."""
+    recorded, kernel = [], top_log_probs.log_softmax_top_k
+
+    def recording(*args):
+        result = kernel(*args)
+        recorded.append(result is not None)
+        return result
+
+    monkeypatch.setattr(top_log_probs, "log_softmax_top_k", recording)
+    return recorded
+
+
 def translate(task, generator, models, batches, **kwargs):
     return [hypo for sample in batches for hypo in task.inference_step(generator, models, sample, **kwargs)]
 
@@ -93,20 +106,33 @@ def assert_identical(stock, lean):
     ["--beam", 5, "--nbest", 5],
     ["--beam", 4, "--nbest", 2, "--print-alignment", "--lenpen", 0.6, "--unkpen", 0.5, "--min-len", 3],
 ])
-def test_lean_step_finds_stock_hypotheses_and_scores(model, generation_options):
+def test_lean_step_finds_stock_hypotheses_and_scores(model, generation_options, monkeypatch):
     task, models, batches, gen_cfg = setup(model, *generation_options)
     lean = task.build_generator(models, gen_cfg)
     alignment = "--print-alignment" in generation_options
     assert type(lean) is (LeanSequenceGeneratorWithAlignment if alignment else LeanSequenceGenerator)
     assert lean.lean is not None
-    recorded = widths(lean)
+    recorded, kernel = widths(lean), kernel_calls(monkeypatch)
     lean_hypos = translate(task, lean, models, batches)
     assert set(recorded) == {task.target_dictionary.nspecial + 2 * gen_cfg.beam}  # specials + 2 x beam
+    assert set(kernel) == {top_log_probs.load() is not None}  # where it is built, every step
     stock_hypos = translate(task, stock_generator(task, models, gen_cfg), models, batches)
     assert_identical(stock_hypos, lean_hypos)
     assert len(lean_hypos) == TEST_LINES and all(len(n) == gen_cfg.beam for n in lean_hypos)  # n-best: all
     if alignment:
         assert all(len(h["alignment"]) > 0 for n in lean_hypos for h in n)
+
+
+def test_lean_step_without_the_kernel_finds_stock_hypotheses_and_scores(model, monkeypatch):
+    """As on a CPU where the top_log_probs kernel cannot be had: torch's operations."""
+    monkeypatch.setattr(top_log_probs, "_kernel", None)
+    monkeypatch.setattr(top_log_probs, "_loaded", True)
+    task, models, batches, gen_cfg = setup(model, "--beam", 5, "--nbest", 2)
+    lean = task.build_generator(models, gen_cfg)
+    kernel = kernel_calls(monkeypatch)
+    lean_hypos = translate(task, lean, models, batches)
+    assert kernel and not any(kernel)
+    assert_identical(translate(task, stock_generator(task, models, gen_cfg), models, batches), lean_hypos)
 
 
 def test_lean_step_with_an_ensemble_averages_as_fairseq(model):

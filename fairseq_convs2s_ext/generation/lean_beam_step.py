@@ -16,11 +16,13 @@ other words. The model's log-probabilities are computed exactly as fairseq compu
 scores, positional scores and n-best lists are the same as stock fairseq's, bit for bit
 (up to the order of exactly tied scores, which torch's top-k leaves unspecified).
 What stays per step over the whole vocabulary is the output projection, its log_softmax
-(the log-sum-exp of a row needs the exp of every logit: torch's log_softmax does that in
-one sweep per row while it is in cache, where torch.logsumexp makes four passes and a
-temporary; its values are also exactly fairseq's) and a top-k per row. Gone are the NaN
-mask, the sum with the cumulative scores, the temperature division at 1 and the two fresh
-hypotheses x V tensors of every step (logits and log-probabilities now share one, reused).
+(the log-sum-exp of a row needs the exp of every logit) and a top-k per row. On a CPU, for
+one model, these two are one kernel (:mod:`.top_log_probs`) that reads each row of logits
+once and writes only the log-probabilities the search is offered, torch's values bit for
+bit; elsewhere (an ensemble, a GPU, a CPU without the kernel) they are torch's log_softmax,
+in place over the logits, and top-k. Gone are the NaN mask, the sum with the cumulative
+scores, the temperature division at 1 and the two fresh hypotheses x V tensors of every
+step (the logits live in one tensor, reused).
 
 :class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its
 model is a :class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
@@ -48,6 +50,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, Sequenc
 
 from ..data.vocabulary_selection import sentences_kept
 from ..models import ConvS2SModel
+from . import top_log_probs
 
 CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
 
@@ -85,47 +88,60 @@ class LocalVocabularyEnsemble(EnsembleModel):
                 self.candidates = self.candidates[sentences]  # finished sentences left
 
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature: float = 1.0):
-        lprobs, attn = self.full_log_probs(tokens, encoder_outs, incremental_states, temperature)
-        best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
-        best_words = best.indices + self.nspecial
+        logits, extras = self.last_logits(tokens, encoder_outs, incremental_states, temperature)
+        top = None
+        if self.models_size == 1:  # on a CPU, one kernel that reads each row once
+            top = top_log_probs.log_softmax_top_k(logits[0], self.nspecial, self.words_per_row)
+        if top is None:
+            lprobs = self.log_probs(logits, extras)
+            best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
+            top = torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), best.indices + self.nspecial
+        local, best_words = top
         if self.candidates is not None and self.candidates.dim() == 1:
             best_words = self.candidates[best_words]
         elif self.candidates is not None:  # each sentence's hypotheses among its own words
             best_words = self.candidates.gather(1, best_words.view(self.candidates.size(0), -1)).view_as(best_words)
-        specials = torch.arange(self.nspecial, device=lprobs.device).expand(lprobs.size(0), -1)
+        specials = torch.arange(self.nspecial, device=local.device).expand(local.size(0), -1)
         self.words = torch.cat([specials, best_words], dim=1)
-        return torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), attn
+        return local, self.average_attention(extras)
 
-    def full_log_probs(self, tokens, encoder_outs, incremental_states, temperature: float):
-        """The log-probabilities (hypotheses x V, or x candidates) and averaged attention of
-        the last step, the same values as fairseq's ``EnsembleModel.forward_decoder``: each
-        model's log_softmax, averaged in probability over an ensemble. Only the logits of the
-        last position are divided by the temperature, and not at all when it is 1. Each step's
-        logits live in one tensor per model (the decoder's ``reuse_logits``), which their
-        log-probabilities overwrite: no hypotheses x V tensor is allocated per step."""
-        log_probs, attention = [], []
+    def last_logits(self, tokens, encoder_outs, incremental_states, temperature: float):
+        """Each model's logits of the last position (hypotheses x V, or x candidates), divided
+        by the temperature unless it is 1, and its decoder's extra outputs. Each step's
+        logits live in one tensor per model (the decoder's ``reuse_logits``): no hypotheses x V
+        tensor is allocated per step."""
+        logits, extras = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):
-            logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
-                                          candidates=self.candidates, reuse_logits=True)
-            logits = logits[:, -1, :]
-            if temperature != 1.0:
-                logits = logits.div_(temperature)
-            if logits.dtype == torch.float32:  # fairseq's log_softmax (utils.log_softmax), over the logits
-                log_probs.append(torch.log_softmax(logits, dim=-1, out=logits))
+            step_logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
+                                               candidates=self.candidates, reuse_logits=True)
+            step_logits = step_logits[:, -1, :]
+            logits.append(step_logits.div_(temperature) if temperature != 1.0 else step_logits)
+            extras.append(extra)
+        return logits, extras
+
+    def log_probs(self, logits, extras):
+        """The log-probabilities of the last step, the values of fairseq's
+        ``EnsembleModel.forward_decoder``: each model's log_softmax (in place of its logits),
+        averaged in probability over an ensemble."""
+        log_probs = []
+        for model, step_logits, extra in zip(self.models, logits, extras):
+            if step_logits.dtype == torch.float32:  # fairseq's log_softmax (utils.log_softmax), over the logits
+                log_probs.append(torch.log_softmax(step_logits, dim=-1, out=step_logits))
             else:
-                log_probs.append(model.get_normalized_probs((logits, extra), log_probs=True))
-            attn = extra["attn"][0]
-            if attn is not None:
-                attention.append(attn[:, -1, :])
+                log_probs.append(model.get_normalized_probs((step_logits, extra), log_probs=True))
         if self.models_size == 1:
-            return log_probs[0], attention[0] if attention else None
-        lprobs = torch.logsumexp(torch.stack(log_probs, dim=0), dim=0) - math.log(self.models_size)
+            return log_probs[0]
+        return torch.logsumexp(torch.stack(log_probs, dim=0), dim=0) - math.log(self.models_size)
+
+    def average_attention(self, extras):
+        """The attention of the last step, averaged over an ensemble as fairseq does."""
+        attention = [extra["attn"][0][:, -1, :] for extra in extras if extra["attn"][0] is not None]
         if not attention:
-            return lprobs, None
+            return None
         average = attention[0]
         for attn in attention[1:]:
             average.add_(attn)
-        return lprobs, average.div_(self.models_size)
+        return average.div_(self.models_size) if self.models_size > 1 else average
 
 
 class LocalVocabularyBeamSearch(search.BeamSearch):
@@ -163,6 +179,8 @@ class LeanSequenceGenerator(SequenceGenerator):
             model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial, self.beam_size)
             model.eval()
             self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model))
+            if len(model.models) == 1 and all(p.device.type == "cpu" for p in model.parameters()):
+                top_log_probs.load()  # built now, if need be, rather than during the first batch
 
     def lean_step_is_exact(self, tgt_dict) -> bool:
         """Whether the generator changes log-probabilities only of special symbols (by index)

@@ -1,0 +1,99 @@
+// Each row's log-probabilities at its special symbols and its k best other words, from its
+// logits, with the row read once from memory: torch's log_softmax values, bit for bit.
+//
+// top_log_probs.py compiles this for the CPU capability that torch dispatches to
+// (CPU_CAPABILITY_AVX2 or CPU_CAPABILITY_AVX512), so that the at::vec functions below are
+// those that torch's own kernel runs, in the same order:
+// serial_vec_log_softmax_lastdim_range in ATen/native/cpu/LogSoftmaxKernelImpl.h.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// The k largest values of x[begin:end] and their indices, best first (ties in any order).
+class Best {
+ public:
+  Best(int64_t k) : value_(k), index_(k) {}
+
+  void find(const float* x, int64_t begin, int64_t end) {
+    const int64_t k = value_.size();
+    for (int64_t j = begin; j < begin + k; ++j) insert(x[j], j, j - begin);
+    int64_t j = begin + k;
+    const int none_above = (1 << Vec::size()) - 1;  // zero_mask() of a comparison true nowhere
+    for (; j + Vec::size() <= end; j += Vec::size()) {
+      if ((Vec::loadu(x + j) > Vec(value_[k - 1])).zero_mask() == none_above) continue;
+      for (int64_t l = j; l < j + Vec::size(); ++l) offer(x[l], l);
+    }
+    for (; j < end; ++j) offer(x[j], j);
+  }
+
+  float value(int64_t i) const { return value_[i]; }
+  int64_t index(int64_t i) const { return index_[i]; }
+
+ private:
+  void offer(float x, int64_t j) {
+    if (x > value_.back()) insert(x, j, value_.size() - 1);
+  }
+
+  // x into place `last` or above, the values below it moving down one place.
+  void insert(float x, int64_t j, int64_t last) {
+    int64_t p = last;
+    for (; p > 0 && x > value_[p - 1]; --p) {
+      value_[p] = value_[p - 1];
+      index_[p] = index_[p - 1];
+    }
+    value_[p] = x;
+    index_[p] = j;
+  }
+
+  std::vector<float> value_;
+  std::vector<int64_t> index_;
+};
+
+}  // namespace
+
+// logits: rows x width, float32, contiguous. Returns the log-probabilities of the first
+// `nspecial` columns and of the k best of the others, best first (rows x (nspecial + k)),
+// and those k columns (rows x k).
+std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspecial, int64_t k) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
+                  logits.device().is_cpu(),
+              "log_softmax_top_k takes a contiguous 2-D float32 CPU tensor");
+  const int64_t rows = logits.size(0), width = logits.size(1);
+  TORCH_CHECK(nspecial >= 0 && k >= 1 && nspecial + k <= width, "log_softmax_top_k: k or nspecial out of range");
+  auto log_probs = at::empty({rows, nspecial + k}, logits.options());
+  auto columns = at::empty({rows, k}, logits.options().dtype(at::kLong));
+  const float* in = logits.data_ptr<float>();
+  float* out = log_probs.data_ptr<float>();
+  int64_t* out_columns = columns.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 0, [&](int64_t begin, int64_t end) {
+    Best best(k);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = in + r * width;
+      // log_softmax(x) = x - max - log(sum(exp(x - max))), as torch computes it
+      const float max = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, width);
+      float log_sum = at::vec::map_reduce_all<float>(
+          [max](Vec v) { return (v - Vec(max)).exp(); }, [](Vec a, Vec b) { return a + b; }, x, width);
+      at::vec::map([](Vec v) { return v.log(); }, &log_sum, &log_sum, 1);
+      best.find(x, nspecial, width);
+      float* y = out + r * (nspecial + k);
+      for (int64_t j = 0; j < nspecial; ++j) y[j] = x[j] - max - log_sum;
+      for (int64_t i = 0; i < k; ++i) {
+        y[nspecial + i] = best.value(i) - max - log_sum;
+        out_columns[r * k + i] = best.index(i);
+      }
+    }
+  });
+  return {log_probs, columns};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("log_softmax_top_k", &log_softmax_top_k, "log_softmax at each row's special symbols and k best other words");
+}

@@ -1,0 +1,103 @@
+"""The lean beam step's kernel: torch.log_softmax's values at each row's special symbols and
+its k best words, bit for bit, built where torch runs vectorized code, and torch's own
+operations, with a warning, where it cannot be had."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from fairseq_convs2s_ext.generation import top_log_probs
+
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+needs_kernel = pytest.mark.skipif(
+    CAPABILITY not in top_log_probs.CAPABILITY_FLAGS or shutil.which("c++") is None,
+    reason=f"no kernel for torch's CPU capability {CAPABILITY} or no C++ compiler",
+)
+
+
+def torch_ops(logits, nspecial, k):
+    log_probs = torch.log_softmax(logits, dim=-1)
+    best = log_probs[:, nspecial:].topk(k, dim=1)
+    return torch.cat([log_probs[:, :nspecial], best.values], dim=1), best.indices + nspecial
+
+
+def in_python(code, **env):
+    """Run `code` in a fresh interpreter of the test environment; returns its output."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
+                          env={**__import__("os").environ, **env},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc.stdout
+
+
+@needs_kernel
+def test_the_kernel_is_built_on_this_cpu():
+    assert top_log_probs.load() is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, width, k", [
+    (1, 5, 1),  # narrower than a vector
+    (7, 23, 10),  # a tail after the vectors
+    (33, 720, 10),  # a sentence's candidates
+    (640, 18280, 10),  # a word-level step
+    (3, 10004, 40),  # beam 20
+])
+def test_the_same_values_and_words_as_log_softmax_and_topk(rows, width, k, threads):
+    generator = torch.Generator().manual_seed(rows + width)
+    logits = torch.randn(rows, width, generator=generator) * 6 + 40  # far from 0: x - max matters
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        log_probs, words = top_log_probs.log_softmax_top_k(logits, 4, k)
+    finally:
+        torch.set_num_threads(previous)
+    expected_log_probs, expected_words = torch_ops(logits, 4, k)
+    assert torch.equal(log_probs, expected_log_probs)
+    assert torch.equal(words, expected_words)
+
+
+@needs_kernel
+def test_words_a_sentence_lacks_and_ties():
+    """Vocabulary selection's padding (-inf logits) is never chosen while a row has words;
+    among exactly tied logits any may be chosen, with the same log-probabilities."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
+    logits[:, 200:] = float("-inf")
+    logits[:3, 20:40] = 5.0  # 20 tied best words
+    log_probs, words = top_log_probs.log_softmax_top_k(logits, 4, 10)
+    expected_log_probs, expected_words = torch_ops(logits, 4, 10)
+    assert torch.equal(log_probs, expected_log_probs)
+    assert words.lt(200).all() and torch.equal(words[3:], expected_words[3:])
+    assert words[:3].ge(20).all() and words[:3].lt(40).all()
+
+
+def test_other_tensors_are_left_to_torch():
+    logits = torch.randn(4, 50)
+    assert top_log_probs.log_softmax_top_k(logits.double(), 4, 10) is None
+    assert top_log_probs.log_softmax_top_k(logits.t().contiguous().t(), 4, 10) is None  # not contiguous
+    assert top_log_probs.log_softmax_top_k(logits.bfloat16(), 4, 10) is None
+
+
+@needs_kernel
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next():
+    """torch's extension builds wait, forever, for a lock file that a killed build leaves."""
+    top_log_probs.load()
+    lock = top_log_probs.build_directory(CAPABILITY) / "lock"
+    lock.touch()
+    output = in_python("from fairseq_convs2s_ext.generation import top_log_probs as t; "
+                       "print('kernel' if t.load() is not None else 'none')")
+    assert output.split()[-1] == "kernel"
+    assert not lock.exists()
+
+
+def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
+    output = in_python("import logging; logging.basicConfig(); import torch; "
+                       "from fairseq_convs2s_ext.generation import top_log_probs as t; "
+                       "print(t.load(), t.log_softmax_top_k(torch.randn(2, 30), 4, 3))",
+                       ATEN_CPU_CAPABILITY="default")
+    assert "top_log_probs kernel is not used (no build for torch's CPU capability DEFAULT)" in output
+    assert output.splitlines()[-1] == "None None"
