@@ -20,7 +20,7 @@ using Vec = at::vec::Vectorized<float>;
 // The k largest values of x[begin:end] and their indices, best first (ties in any order).
 class Best {
  public:
-  Best(int64_t k) : value_(k), index_(k) {}
+  explicit Best(int64_t k) : value_(k), index_(k) {}
 
   void find(const float* x, int64_t begin, int64_t end) {
     const int64_t k = value_.size();
