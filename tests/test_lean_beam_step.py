@@ -125,8 +125,7 @@ def test_lean_step_finds_stock_hypotheses_and_scores(model, generation_options, 
 
 def test_lean_step_without_the_kernel_finds_stock_hypotheses_and_scores(model, monkeypatch):
     """As on a CPU where the top_log_probs kernel cannot be had: torch's operations."""
-    monkeypatch.setattr(top_log_probs, "_kernel", None)
-    monkeypatch.setattr(top_log_probs, "_loaded", True)
+    monkeypatch.setattr(top_log_probs, "load", lambda: None)
     task, models, batches, gen_cfg = setup(model, "--beam", 5, "--nbest", 2)
     lean = task.build_generator(models, gen_cfg)
     kernel = kernel_calls(monkeypatch)

@@ -1,6 +1,7 @@
 """The lean beam step's kernel: torch.log_softmax's values at each row's special symbols and
 its k best words, bit for bit, built where torch runs vectorized code, and torch's own
 operations, with a warning, where it cannot be had."""
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ def torch_ops(logits, nspecial, k):
 def in_python(code, **env):
     """Run `code` in a fresh interpreter of the test environment; returns its output."""
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
-                          env={**__import__("os").environ, **env},
+                          env={**os.environ, **env},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
     return proc.stdout

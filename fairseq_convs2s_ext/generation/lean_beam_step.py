@@ -93,9 +93,7 @@ class LocalVocabularyEnsemble(EnsembleModel):
         if self.models_size == 1:  # on a CPU, one kernel that reads each row once
             top = top_log_probs.log_softmax_top_k(logits[0], self.nspecial, self.words_per_row)
         if top is None:
-            lprobs = self.log_probs(logits, extras)
-            best = lprobs[:, self.nspecial:].topk(self.words_per_row, dim=1)
-            top = torch.cat([lprobs[:, : self.nspecial], best.values], dim=1), best.indices + self.nspecial
+            top = top_log_probs.top_k(self.log_probs(logits, extras), self.nspecial, self.words_per_row)
         local, best_words = top
         if self.candidates is not None and self.candidates.dim() == 1:
             best_words = self.candidates[best_words]

@@ -20,6 +20,7 @@ and ``torch.topk`` on random rows. Where it cannot be built, loaded or matched, 
 step uses torch's two operations, with a warning that says why.
 """
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -40,15 +41,13 @@ CAPABILITY_FLAGS = {
                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
 }
 
-_kernel = None
-_loaded = False
-
 
 def log_softmax_top_k(logits: torch.Tensor, nspecial: int, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """``(log-probabilities of the first nspecial columns and of the k best others, best
     first; those k columns)`` of each row of ``logits`` (hypotheses x words), the values of
     ``torch.log_softmax``; None where the kernel does not apply (not a contiguous float32
-    CPU tensor, or no kernel on this machine): the caller then computes them with torch."""
+    CPU tensor, or no kernel on this machine): the caller then computes the log-probabilities
+    with torch and takes :func:`top_k` of them."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
         return None
     kernel = load()
@@ -57,19 +56,23 @@ def log_softmax_top_k(logits: torch.Tensor, nspecial: int, k: int) -> Optional[T
     return tuple(kernel.log_softmax_top_k(logits, nspecial, k))
 
 
+def top_k(log_probs: torch.Tensor, nspecial: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`log_softmax_top_k` returns, from log-probabilities that torch computed."""
+    best = log_probs[:, nspecial:].topk(k, dim=1)
+    return torch.cat([log_probs[:, :nspecial], best.values], dim=1), best.indices + nspecial
+
+
+@functools.cache
 def load():
     """The compiled kernel, built on the first call of a process if need be; None where it
     cannot be had (the reason is logged once)."""
-    global _kernel, _loaded
-    if not _loaded:
-        _loaded = True
-        try:
-            _kernel = _build()
-        except Exception as error:  # a compiler's or loader's failure: torch's ops do the work
-            reason = " ".join(str(error).split()) or type(error).__name__
-            logger.warning("the lean beam step's top_log_probs kernel is not used (%s); torch.log_softmax "
-                           "and torch.topk do its work, more slowly", reason[:300])
-    return _kernel
+    try:
+        return _build()
+    except Exception as error:  # a compiler's or loader's failure: torch's ops do the work
+        reason = " ".join(str(error).split()) or type(error).__name__
+        logger.warning("the lean beam step's top_log_probs kernel is not used (%s); torch.log_softmax "
+                       "and torch.topk do its work, more slowly", reason[:300])
+        return None
 
 
 def build_directory(capability: str) -> Path:
@@ -136,10 +139,8 @@ def _mismatch(kernel) -> Optional[str]:
     for rows, width, scale in [(3, 14, 1.0), (5, 23, 4.0), (64, 720, 5.0), (40, 18283, 3.0)]:
         logits = torch.randn(rows, width, generator=generator) * scale
         nspecial, k = 4, min(10, width - 4)
-        log_probs, columns = kernel.log_softmax_top_k(logits, nspecial, k)
-        expected = torch.log_softmax(logits, dim=-1)
-        best = expected[:, nspecial:].topk(k, dim=1)
-        if not (torch.equal(log_probs, torch.cat([expected[:, :nspecial], best.values], dim=1))
-                and torch.equal(columns, best.indices + nspecial)):
+        found = kernel.log_softmax_top_k(logits, nspecial, k)
+        expected = top_k(torch.log_softmax(logits, dim=-1), nspecial, k)
+        if not all(map(torch.equal, found, expected)):
             return f"{rows} x {width}"
     return None
