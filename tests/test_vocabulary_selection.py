@@ -12,7 +12,7 @@ from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
 from fairseq_convs2s_ext.data import NO_WORD, CandidatesFileError, VocabularySelection, local_indices
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator
 from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
-from model_helpers import build, random_tokens
+from model_helpers import build, random_tokens, with_random_biases
 
 
 def dictionary(words):
@@ -178,11 +178,12 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
 
 def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
     """At a beam search's first step every hypothesis of a sentence has the same prefix:
-    with each sentence's candidates the decoder computes one row per sentence and copies
-    it, logits, attention and incremental state alike, so the next steps are those of a
-    first step computed for every hypothesis (the full vocabulary's, here)."""
+    the decoder computes one row per sentence and copies it, logits, attention and
+    incremental state alike, with each sentence's candidates and over the full vocabulary,
+    so that the first step and the next are those computed for every hypothesis."""
     torch.manual_seed(0)
     model, d = build(vocab=60)
+    with_random_biases(model)
     model.eval()
     model.decoder.need_attn = True
     beam, src = 3, random_tokens(d, 4, 6)
@@ -194,27 +195,36 @@ def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
     # fairseq's expansion to beam rows: one encoder row per sentence, read by its b hypotheses
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.arange(4).repeat_interleave(beam))
     assert encoder_out["beam"] == beam
+    every_row = encoder_out_of(model, src, beam)  # a copy of the source for each hypothesis
     rows_seen = []
     hook = model.decoder.fc2.register_forward_hook(lambda module, inputs, output: rows_seen.append(len(output)))
-    state, full_state = {}, {}
+    state, full_state, every_state = {}, {}, {}
     prev = torch.full((4 * beam, 1), d.eos())
     with torch.no_grad():
         logits, extra = model.decoder(prev, encoder_out, state, candidates=candidates)
-        full, full_extra = model.decoder(prev, encoder_out, full_state)
+        full, full_extra = model.decoder(prev, encoder_out, full_state, reuse_logits=True)
+        every, every_extra = model.decoder(prev, every_row, every_state)
         different = torch.randint(d.nspecial, len(d), (4 * beam, 2))  # prefixes that differ: every row
         model.decoder(different, encoder_out, {}, candidates=candidates)
     hook.remove()
-    assert rows_seen == [4, 4 * beam, 4 * beam]  # once per sentence with candidates, else per hypothesis
+    assert rows_seen == [4, 4, 4 * beam, 4 * beam]  # once per sentence when the source is shared
+    # the same numbers (bit for bit on the CPUs measured, but a matrix multiply's kernel
+    # may depend on its number of rows)
+    torch.testing.assert_close(full, every)
+    torch.testing.assert_close(full_extra["attn"][0], every_extra["attn"][0])
     assert_each_sentence_scores_its_words(logits, full, candidates, beam)
     torch.testing.assert_close(extra["attn"][0], full_extra["attn"][0])
     new_order = torch.tensor([2, 0, 1, 3, 3, 4, 9, 10, 11])  # fairseq reorders; sentence 2 finished
-    for s in (state, full_state):
+    for s in (state, full_state, every_state):
         model.decoder.reorder_incremental_state_scripting(s, new_order)
     encoder_out = model.encoder.reorder_encoder_out(encoder_out, new_order)
+    every_row = model.encoder.reorder_encoder_out(every_row, new_order)
     prev = torch.cat([prev[new_order], torch.randint(d.nspecial, len(d), (len(new_order), 1))], dim=1)
     with torch.no_grad():
         logits, _ = model.decoder(prev, encoder_out, state, candidates=candidates[[0, 1, 3]])
-        full, _ = model.decoder(prev, encoder_out, full_state)
+        full, _ = model.decoder(prev, encoder_out, full_state, reuse_logits=True)
+        every, _ = model.decoder(prev, every_row, every_state)
+    torch.testing.assert_close(full, every)  # the attention reads a shared source: up to rounding
     assert_each_sentence_scores_its_words(logits, full, candidates[[0, 1, 3]], beam)
 
 

@@ -21,10 +21,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     same whatever the length of the prefix; the first convolution, whose inputs are linear in
     the embeddings, is looked up instead: its products with each word met are kept
     (:meth:`first_convolution_looked_up`). In a beam search it also keeps each attention's
-    projections of the source (:meth:`projected_sources`), made once per sentence, and with
-    each sentence's candidates computes the first step once per sentence
-    (:meth:`first_step_once`). The attention returned for generation is the average over
-    the layers that have one; like fconv's, it is left out (None) after
+    projections of the source (:meth:`projected_sources`), made once per sentence, and
+    computes the first step once per sentence (:meth:`first_step_once`). The attention
+    returned for generation is the average over the layers that have one; like fconv's, it is left out (None) after
     ``make_generation_fast_(need_attn=False)``, which fairseq-generate calls unless
     alignments are printed, so beam search keeps no attention buffers it does not use.
     """
@@ -69,7 +68,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         x the candidates' columns).
         ``return_all_attention`` (off in generation) adds {"layer_attn": [B x T x S]}, each
         attending layer's own, in order. ``reuse_logits``: see :meth:`output_layer`."""
-        if self.starts_alike(prev_output_tokens, encoder_out, incremental_state, candidates):
+        if self.starts_alike(prev_output_tokens, encoder_out, incremental_state):
             return self.first_step_once(prev_output_tokens, encoder_out, incremental_state, candidates,
                                         return_all_attention)
         g = self.embed(prev_output_tokens, incremental_state)
@@ -99,29 +98,30 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             extra["layer_attn"] = layer_attention
         return logits, extra
 
-    def starts_alike(self, prev_output_tokens, encoder_out, incremental_state, candidates):
-        """Whether this is the first step of a beam search with each sentence's candidates
-        in which the b hypotheses of every sentence have the same prefix (fairseq's do)."""
+    def starts_alike(self, prev_output_tokens, encoder_out, incremental_state):
+        """Whether this is the first step of a beam search in which the b hypotheses of every
+        sentence have the same prefix (fairseq's do: each is the sentence's bos)."""
         beam = encoder_out.get("beam", 1) if encoder_out is not None else 1
-        if (beam == 1 or candidates is None or candidates.dim() != 2 or incremental_state is None
-                or self.get_incremental_state(incremental_state, "candidate_rows") is not None):
+        if beam == 1 or incremental_state is None or prev_output_tokens.size(1) != 1:
             return False
-        by_sentence = prev_output_tokens.view(-1, beam, prev_output_tokens.size(1))
+        by_sentence = prev_output_tokens.view(-1, beam, 1)
         return torch.equal(by_sentence, by_sentence[:, :1].expand_as(by_sentence))
 
     def first_step_once(self, prev_output_tokens, encoder_out, incremental_state, candidates, return_all_attention):
         """The first step computed for one hypothesis of each sentence, then copied to its b
         (logits, attention and the incremental state, as if every hypothesis had been
-        computed): 4/5 of the step's work at beam 5. Only with vocabulary selection: over
-        fewer rows a matrix multiply may round differently, and the lean step over the full
-        vocabulary promises fconv's hypotheses bit for bit."""
+        computed): 4/5 of the step's work at beam 5, which is about a twentieth of a beam
+        search over Multi30k. Each row's numbers are those the hypotheses would get each on
+        its own: over fewer rows a matrix multiply gives a row the same bits on the CPUs
+        measured (bench/README.md), and the hypotheses are fconv's."""
         beam = encoder_out["beam"]
-        rows = self.rows_of(candidates, hypotheses=prev_output_tokens.size(0))
-        self.set_incremental_state(incremental_state, "candidate_rows", rows)  # for b hypotheses a sentence
+        if candidates is not None and candidates.dim() == 2:  # each sentence's rows, for its b hypotheses
+            self.set_incremental_state(incremental_state, "candidate_rows",
+                                       self.rows_of(candidates, hypotheses=prev_output_tokens.size(0)))
         # with the rows kept, an ordinary step over one hypothesis a sentence
         logits, extra = self.forward(prev_output_tokens[::beam], dict(encoder_out, beam=1), incremental_state,
                                      candidates, return_all_attention)
-        copies = torch.arange(len(candidates), device=logits.device).repeat_interleave(beam)
+        copies = torch.arange(logits.size(0), device=logits.device).repeat_interleave(beam)
         self.reorder_incremental_state_scripting(incremental_state, copies)
         extra = {key: [None if a is None else a.index_select(0, copies) for a in value] for key, value in extra.items()}
         return logits.index_select(0, copies), extra
