@@ -72,7 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--beams", default="5,1")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="passes over the test set per model; the best counts")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="passes over the test set, batch by batch in turns; each batch's best time counts")
     p.add_argument("--checkpoint", help="trained fconv checkpoint for generation (default: the cached reference)")
     p.add_argument("--reference-epochs", type=int, default=5, help="epochs of the reference fconv (trained once, cached)")
     p.add_argument("--skip", default="", help="comma-separated phases to skip: train,generate,memory")
