@@ -23,9 +23,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     (:meth:`first_convolution_looked_up`). In a beam search it also keeps each attention's
     projections of the source (:meth:`projected_sources`), made once per sentence, and
     computes the first step once per sentence (:meth:`first_step_once`). The attention
-    returned for generation is the average over the layers that have one; like fconv's, it is left out (None) after
-    ``make_generation_fast_(need_attn=False)``, which fairseq-generate calls unless
-    alignments are printed, so beam search keeps no attention buffers it does not use.
+    returned for generation is the average over the layers that have one; like fconv's, it
+    is left out (None) after ``make_generation_fast_(need_attn=False)``, which
+    fairseq-generate calls unless alignments are printed, so beam search keeps no attention
+    buffers it does not use.
     """
 
     def __init__(self, dictionary, embed_dim, layers, attention, out_embed_dim, dropout, max_positions,
@@ -112,8 +113,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         (logits, attention and the incremental state, as if every hypothesis had been
         computed): 4/5 of the step's work at beam 5, which is about a twentieth of a beam
         search over Multi30k. Each row's numbers are those the hypotheses would get each on
-        its own: over fewer rows a matrix multiply gives a row the same bits on the CPUs
-        measured (bench/README.md), and the hypotheses are fconv's."""
+        its own: over fewer rows a matrix multiply gave a row the same bits on the CPU
+        measured (bench/README.md), and the hypotheses stayed fconv's."""
         beam = encoder_out["beam"]
         if candidates is not None and candidates.dim() == 2:  # each sentence's rows, for its b hypotheses
             self.set_incremental_state(incremental_state, "candidate_rows",
