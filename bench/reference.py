@@ -8,6 +8,9 @@ demo recipe's settings (:data:`bench.training.SETTINGS`: the paper's optimizer a
 label smoothing and dropout). It is trained once and reused; a half-finished run is resumed
 from its last checkpoint. It is keyed by the bytes of the binarized data and by those
 settings, so other data or settings train a new reference instead of reusing another one.
+fairseq-train runs with the plugin's ``--user-dir``: resuming reads the checkpoint back, and
+on torch >= 2.6 fairseq's own loader refuses the configuration stored in it without the
+plugin's safe loading (``fairseq_convs2s_ext.checkpoints``).
 """
 import hashlib
 import os
@@ -15,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fairseq_convs2s_ext
 from convs2s_recipes.settings import fairseq_options
 
 from .data import cache_root
@@ -43,6 +47,7 @@ def reference_checkpoint(data_bin, arch="fconv_iwslt_de_en", epochs=5, max_token
     print(f"training the reference {arch} ({epochs} epochs, fairseq-train) into {save_dir}", file=sys.stderr)
     command = [
         sys.executable, "-m", "fairseq_cli.train", str(data_bin), "--arch", arch,
+        "--user-dir", str(Path(fairseq_convs2s_ext.__file__).parent),
         "--criterion", "label_smoothed_cross_entropy", *settings,
         "--max-tokens", str(max_tokens), "--max-epoch", str(epochs), "--seed", "1",
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50",

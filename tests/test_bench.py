@@ -1,4 +1,5 @@
-"""bench/benchmark.py --quick end to end (slow: it prepares Multi30k with BPE on first use).
+"""bench/benchmark.py --quick end to end (slow: it prepares Multi30k with BPE on first use),
+and the reference model's training.
 
 A smoke test of the benchmark's code paths, not a measurement: no figure is asserted on
 speed. It does check what the benchmark claims besides speed: ours, imported from fconv,
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from bench.reference import reference_checkpoint
 from conftest import DATA, ROOT
 
 
@@ -36,3 +38,13 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     vocabulary = int(results["dictionaries"].split(" / ")[1])
     assert 0 < selection["candidates per sentence"] < selection["train candidates per batch"] <= vocabulary
     assert selection["arithmetic ratio"] > 1  # fewer words scored than the vocabulary's
+
+
+def test_a_reference_cut_off_is_resumed_from_its_last_checkpoint(small_bin, tmp_path, monkeypatch):
+    """A reference whose training was cut off (its checkpoint_last.pt, no ``done``) is resumed
+    by fairseq-train, which reads the checkpoint back under torch's weights_only loading."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    checkpoint = reference_checkpoint(small_bin, epochs=1)
+    (checkpoint.parent / "done").unlink()  # as if killed after its last checkpoint
+    assert reference_checkpoint(small_bin, epochs=1) == checkpoint  # resumed: nothing left to train
+    assert (checkpoint.parent / "done").exists()
