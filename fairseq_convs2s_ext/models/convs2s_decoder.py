@@ -250,8 +250,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             return logits
         hypotheses, steps, channels = features.shape
         by_sentence = features.reshape(rows["weight"].size(0), -1, channels)
-        own = torch.baddbmm(rows["bias"].unsqueeze(1), by_sentence, rows["weight"].transpose(1, 2))
-        return torch.cat([logits, own.view(hypotheses, steps, rows["weight"].size(1))], dim=-1)
+        # each sentence's rows times its few hypotheses (words x hypotheses), faster than the
+        # hypotheses times the rows' transpose: 4-10% of selection's time on BPE (bench/README.md)
+        own = torch.baddbmm(rows["bias"].unsqueeze(2), rows["weight"], by_sentence.transpose(1, 2))
+        return torch.cat([logits, own.transpose(1, 2).reshape(hypotheses, steps, -1)], dim=-1)
 
     def rows_of(self, candidates, hypotheses):
         """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word): of
