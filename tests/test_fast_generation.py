@@ -129,6 +129,15 @@ def test_projected_sources_follow_the_sentences_of_a_beam_search():
         torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
 
 
+def test_the_decoder_reorders_every_module_that_keeps_state():
+    """A beam's reorder visits the decoder and its convolutions (its own list, instead of
+    fairseq's search through every module at every step): those are all the modules that
+    keep state, in the order fairseq's search would visit them."""
+    model, _ = build(**ODD_SHAPES)
+    keep_state = [m for m in model.decoder.modules() if hasattr(m, "reorder_incremental_state")]
+    assert keep_state == [model.decoder, *model.decoder.convolutions]
+
+
 @pytest.mark.parametrize("overrides", [dict(), ODD_SHAPES])
 def test_the_first_convolution_is_looked_up_per_word_met(overrides):
     """In incremental steps the first convolution reads only embeddings, which fc1 maps

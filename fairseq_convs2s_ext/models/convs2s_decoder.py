@@ -285,6 +285,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return {"every_hypothesis": every_hypothesis, "absent": absent, "weight": weight, "bias": bias,
                 "beam": hypotheses // len(candidates)}
 
+    def reorder_incremental_state_scripting(self, incremental_state, new_order):
+        """fairseq's entry point (SequenceGenerator calls it at every step), which looks for the
+        modules that keep state among all of the decoder's (66 here: about 1% of a beam search).
+        They are the decoder and its convolutions."""
+        for module in (self, *self.convolutions):
+            module.reorder_incremental_state(incremental_state, new_order)
+
     def reorder_incremental_state(self, incremental_state, new_order):
         """Keep the gathered W_o rows and the projected sources of the sentences still
         searched (fairseq keeps a sentence's hypotheses together and its sentences in order).

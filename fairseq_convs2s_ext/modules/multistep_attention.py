@@ -44,12 +44,12 @@ class MultiStepAttention(nn.Module):
         if source is None:
             d = scaled_sum(self.in_projection(h), target_embedding)
             scores = torch.bmm(d.reshape(*by_source, d.size(-1)), keys.transpose(1, 2))
-        else:
+            if padding_mask is not None:
+                scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
+        else:  # the key bias is -inf at padding
             g = (target_embedding * SQRT_HALF).reshape(*by_source, target_embedding.size(-1))
             scores = torch.baddbmm(source["key_bias"].unsqueeze(1), g, keys.transpose(1, 2))
             scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source["keys"].transpose(1, 2))
-        if padding_mask is not None:
-            scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         a = torch.softmax(scores.float(), dim=-1).type_as(scores)
         if source is None:
             c = torch.bmm(a, values) * conditional_input_scale(keys, padding_mask)
@@ -61,13 +61,17 @@ class MultiStepAttention(nn.Module):
     def project_source(self, encoder_out):
         """The source through this layer's projections: keys W_d^T z_j and key bias b_d . z_j
         (both times fconv's sqrt(0.5)), values W_c (z_j + e_j) times m * sqrt(1/m); one
-        row per row of the encoder output."""
+        row per row of the encoder output. The key bias is -inf at padding positions, which
+        masks them at every step without a pass of its own."""
         keys, values = encoder_out["encoder_out"]
-        scale = conditional_input_scale(keys, encoder_out["encoder_padding_mask"])
+        padding_mask = encoder_out["encoder_padding_mask"]
+        key_bias = torch.matmul(keys, self.in_projection.bias).mul_(SQRT_HALF)
+        if padding_mask is not None:
+            key_bias.masked_fill_(padding_mask, float("-inf"))
         return {
             "keys": torch.matmul(keys, self.in_projection.weight).mul_(SQRT_HALF),
-            "key_bias": torch.matmul(keys, self.in_projection.bias).mul_(SQRT_HALF),
-            "values": F.linear(values, self.out_projection.weight).mul_(scale),
+            "key_bias": key_bias,
+            "values": F.linear(values, self.out_projection.weight).mul_(conditional_input_scale(keys, padding_mask)),
         }
 
 
