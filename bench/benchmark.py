@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import sacrebleu
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -149,13 +151,41 @@ def run_training(args, task, lean_task, selection_task, results):
 
 def bleu(task, hypotheses, lang="de"):
     """sacreBLEU of the hypotheses as the recipes score them (BPE removed, detokenized)."""
-    from convs2s_preprocess.tokenize import detokenize
     from convs2s_recipes.score import bleu as sacrebleu_score
+
+    return sacrebleu_score(*scored_text(task, hypotheses, lang))["score"]
+
+
+def scored_text(task, hypotheses, lang="de"):
+    """The hypotheses as BLEU reads them (BPE removed, detokenized), and their references."""
+    from convs2s_preprocess.tokenize import detokenize
 
     references = test_text(lang)
     ids = sorted(hypotheses)
     text = [detokenize(task.target_dictionary.string(hypotheses[i], "subword_nmt"), lang) for i in ids]
-    return sacrebleu_score(text, [references[i] for i in ids])["score"]
+    return text, [references[i] for i in ids]
+
+
+def bleu_difference_interval(baseline, system, references, resamples=1000, seed=1):
+    """The 95% interval of BLEU(system) - BLEU(baseline) (detokenized text) under paired
+    bootstrap resampling of the test sentences: how far the test set can tell the two apart.
+    sacreBLEU counts each sentence's n-grams and scores each resample's sums (its paired test
+    gives a p-value, which cannot tell "within 0.3 BLEU" from "no difference shown")."""
+    metric = sacrebleu.BLEU()
+
+    def statistics(text):  # per sentence: n-gram matches, n-grams, and the two lengths
+        scores = [metric.corpus_score([h], [[r]]) for h, r in zip(text, references)]
+        return np.array([[*s.counts, *s.totals, s.sys_len, s.ref_len] for s in scores], dtype=np.int64)
+
+    def bleu_of(sums):
+        order = metric.max_ngram_order
+        return metric.compute_bleu(sums[:order].tolist(), sums[order:2 * order].tolist(), int(sums[-2]),
+                                   int(sums[-1]), metric.smooth_method, metric.smooth_value).score
+
+    ours, theirs = statistics(system), statistics(baseline)
+    picks = np.random.default_rng(seed).integers(0, len(references), size=(resamples, len(references)))
+    differences = [bleu_of(ours[i].sum(0)) - bleu_of(theirs[i].sum(0)) for i in picks]
+    return tuple(np.percentile(differences, [2.5, 97.5]))
 
 
 def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, results):
@@ -191,6 +221,12 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
             r[f"beam {beam} tokens/s"] = run.generated_tokens() / best[run.name]
             r[f"beam {beam} identical"] = sum(torch.equal(reference[i], run.hypotheses[i]) for i in reference)
             r[f"beam {beam} BLEU"] = bleu(task, run.hypotheses)
+        fconv_text, references = scored_text(task, reference)
+        for run in runs[1:]:  # whether its BLEU differs from fconv's by more than the test set can tell
+            if results[run.name][f"beam {beam} identical"] < n:
+                low, high = bleu_difference_interval(fconv_text, scored_text(task, run.hypotheses)[0], references)
+                results[run.name][f"beam {beam} BLEU - fconv's, 95% from"] = low
+                results[run.name][f"beam {beam} BLEU - fconv's, 95% to"] = high
         results["sentences"] = n
 
 

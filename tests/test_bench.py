@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 import pytest
+import sacrebleu
 
+from bench.benchmark import bleu_difference_interval
 from bench.reference import reference_checkpoint
 from conftest import DATA, ROOT
 
@@ -38,6 +40,26 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     vocabulary = int(results["dictionaries"].split(" / ")[1])
     assert 0 < selection["candidates per sentence"] < selection["train candidates per batch"] <= vocabulary
     assert selection["arithmetic ratio"] > 1  # fewer words scored than the vocabulary's
+    if selection["beam 5 identical"] < sentences:  # its BLEU against the test set's sampling
+        assert selection["beam 5 BLEU - fconv's, 95% from"] <= selection["beam 5 BLEU - fconv's, 95% to"]
+
+
+def test_bleu_difference_interval_tells_a_real_difference_from_none():
+    """Paired bootstrap on test_2016_flickr's German references: a system that drops the last
+    words of every other sentence is surely worse than the baseline; one that differs from it
+    in one sentence cannot be told apart from it; the baseline against itself differs by 0.
+    The interval holds the corpus's own difference (sacreBLEU's corpus scores)."""
+    references = (DATA / "multi30k" / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
+    baseline = [" ".join(line.split()[:8]) for line in references]
+    shorter = [" ".join(line.split()[:4]) if i % 2 else line for i, line in enumerate(baseline)]
+    one_word = [" ".join(baseline[0].split()[:-1])] + baseline[1:]
+    corpus = sacrebleu.BLEU().corpus_score
+    difference = corpus(shorter, [references]).score - corpus(baseline, [references]).score
+    low, high = bleu_difference_interval(baseline, shorter, references)
+    assert low < difference < high < 0.25 * difference < 0
+    low, high = bleu_difference_interval(baseline, one_word, references)
+    assert low <= 0 <= high and high - low < 0.1
+    assert bleu_difference_interval(baseline, baseline, references) == (0, 0)
 
 
 def test_a_reference_cut_off_is_resumed_from_its_last_checkpoint(small_bin, tmp_path, monkeypatch):
