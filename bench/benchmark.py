@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import sacrebleu
 import torch
+from convs2s_recipes.score import bleu as sacrebleu_score
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data import DATASETS, candidates, prepare, test_text
@@ -151,8 +152,6 @@ def run_training(args, task, lean_task, selection_task, results):
 
 def bleu(task, hypotheses, lang="de"):
     """sacreBLEU of the hypotheses as the recipes score them (BPE removed, detokenized)."""
-    from convs2s_recipes.score import bleu as sacrebleu_score
-
     return sacrebleu_score(*scored_text(task, hypotheses, lang))["score"]
 
 
@@ -215,18 +214,17 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         log(f"generating {n} sentences at beam {beam}, {args.repeats} passes per model")
         best = translate_in_turns(runs, batches, args.repeats)
         reference = runs[0].hypotheses
+        fconv_text, references = scored_text(task, reference)
         for run in runs:
             r = results.setdefault(run.name, {})
             r[f"beam {beam} sentences/s"] = n / best[run.name]
             r[f"beam {beam} tokens/s"] = run.generated_tokens() / best[run.name]
             r[f"beam {beam} identical"] = sum(torch.equal(reference[i], run.hypotheses[i]) for i in reference)
-            r[f"beam {beam} BLEU"] = bleu(task, run.hypotheses)
-        fconv_text, references = scored_text(task, reference)
-        for run in runs[1:]:  # whether its BLEU differs from fconv's by more than the test set can tell
-            if results[run.name][f"beam {beam} identical"] < n:
-                low, high = bleu_difference_interval(fconv_text, scored_text(task, run.hypotheses)[0], references)
-                results[run.name][f"beam {beam} BLEU - fconv's, 95% from"] = low
-                results[run.name][f"beam {beam} BLEU - fconv's, 95% to"] = high
+            text = scored_text(task, run.hypotheses)[0]
+            r[f"beam {beam} BLEU"] = sacrebleu_score(text, references)["score"]
+            if r[f"beam {beam} identical"] < n:  # whether it differs from fconv's by more than the test set can tell
+                low, high = bleu_difference_interval(fconv_text, text, references)
+                r[f"beam {beam} BLEU - fconv's, 95% from"], r[f"beam {beam} BLEU - fconv's, 95% to"] = low, high
         results["sentences"] = n
 
 
