@@ -76,6 +76,23 @@ def test_words_a_sentence_lacks_and_ties():
     assert words[:3].ge(20).all() and words[:3].lt(40).all()
 
 
+@pytest.mark.parametrize("use_kernel", [pytest.param(True, marks=needs_kernel), False])
+def test_columns_that_are_not_words_count_in_the_normaliser_only(use_kernel):
+    """Vocabulary selection's estimate of the words outside a sentence's candidates: the
+    last columns, however large, are never among the best words, and the log-probabilities
+    are the log_softmax over every column."""
+    logits = torch.randn(6, 120, generator=torch.Generator().manual_seed(2))
+    logits[:, 100:] += 8.0  # ahead of every word
+    if use_kernel:
+        log_probs, words = top_log_probs.log_softmax_top_k(logits, 4, 10, not_words=20)
+    else:
+        log_probs, words = top_log_probs.top_k(torch.log_softmax(logits, dim=-1), 4, 10, not_words=20)
+    expected = logits[:, 4:100].topk(10, dim=1)
+    assert torch.equal(words, expected.indices + 4)
+    torch.testing.assert_close(log_probs[:, 4:], expected.values - logits.logsumexp(1, keepdim=True))
+    assert log_probs.exp().sum(1).lt(0.2).all()
+
+
 def test_other_tensors_are_left_to_torch():
     logits = torch.randn(4, 50)
     assert top_log_probs.log_softmax_top_k(logits.double(), 4, 10) is None

@@ -59,15 +59,17 @@ class Best {
 
 }  // namespace
 
-// logits: rows x width, float32, contiguous. Returns the log-probabilities of the first
-// `nspecial` columns and of the k best of the others, best first (rows x (nspecial + k)),
-// and those k columns (rows x k).
-std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspecial, int64_t k) {
+// logits: rows x width, float32, contiguous, whose columns from `words_end` on are not words
+// (they count in the normaliser only). Returns the log-probabilities of the first `nspecial`
+// columns and of the k best of the others before `words_end`, best first
+// (rows x (nspecial + k)), and those k columns (rows x k).
+std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspecial, int64_t k, int64_t words_end) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
                   logits.device().is_cpu(),
               "log_softmax_top_k takes a contiguous 2-D float32 CPU tensor");
   const int64_t rows = logits.size(0), width = logits.size(1);
-  TORCH_CHECK(nspecial >= 0 && k >= 1 && nspecial + k <= width, "log_softmax_top_k: k or nspecial out of range");
+  TORCH_CHECK(nspecial >= 0 && k >= 1 && nspecial + k <= words_end && words_end <= width,
+              "log_softmax_top_k: k, nspecial or words_end out of range");
   auto log_probs = at::empty({rows, nspecial + k}, logits.options());
   auto columns = at::empty({rows, k}, logits.options().dtype(at::kLong));
   const float* in = logits.data_ptr<float>();
@@ -82,7 +84,7 @@ std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspe
       float log_sum = at::vec::map_reduce_all<float>(
           [max](Vec v) { return (v - Vec(max)).exp(); }, [](Vec a, Vec b) { return a + b; }, x, width);
       at::vec::map([](Vec v) { return v.log(); }, &log_sum, &log_sum, 1);
-      best.find(x, nspecial, width);
+      best.find(x, nspecial, words_end);
       float* y = out + r * (nspecial + k);
       for (int64_t j = 0; j < nspecial; ++j) y[j] = x[j] - max - log_sum;
       for (int64_t i = 0; i < k; ++i) {

@@ -42,23 +42,25 @@ CAPABILITY_FLAGS = {
 }
 
 
-def log_softmax_top_k(logits: torch.Tensor, nspecial: int, k: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def log_softmax_top_k(logits: torch.Tensor, nspecial: int, k: int,
+                      not_words: int = 0) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """``(log-probabilities of the first nspecial columns and of the k best others, best
-    first; those k columns)`` of each row of ``logits`` (hypotheses x words), the values of
-    ``torch.log_softmax``; None where the kernel does not apply (not a contiguous float32
-    CPU tensor, or no kernel on this machine): the caller then computes the log-probabilities
-    with torch and takes :func:`top_k` of them."""
+    first; those k columns)`` of each row of ``logits`` (hypotheses x columns), the values of
+    ``torch.log_softmax``; the last ``not_words`` columns count in its normaliser but are not
+    words, never among the best. None where the kernel does not apply (not a contiguous
+    float32 CPU tensor, or no kernel on this machine): the caller then computes the
+    log-probabilities with torch and takes :func:`top_k` of them."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
         return None
     kernel = load()
     if kernel is None:
         return None
-    return tuple(kernel.log_softmax_top_k(logits, nspecial, k))
+    return tuple(kernel.log_softmax_top_k(logits, nspecial, k, logits.size(1) - not_words))
 
 
-def top_k(log_probs: torch.Tensor, nspecial: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def top_k(log_probs: torch.Tensor, nspecial: int, k: int, not_words: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """What :func:`log_softmax_top_k` returns, from log-probabilities that torch computed."""
-    best = log_probs[:, nspecial:].topk(k, dim=1)
+    best = log_probs[:, nspecial: log_probs.size(1) - not_words].topk(k, dim=1)
     return torch.cat([log_probs[:, :nspecial], best.values], dim=1), best.indices + nspecial
 
 
@@ -136,11 +138,11 @@ def _mismatch(kernel) -> Optional[str]:
     by a bit, if any: widths around the vector size, a vocabulary selection's and a word
     level's."""
     generator = torch.Generator().manual_seed(0)
-    for rows, width, scale in [(3, 14, 1.0), (5, 23, 4.0), (64, 720, 5.0), (40, 18283, 3.0)]:
+    for rows, width, scale, not_words in [(3, 14, 1.0, 0), (5, 23, 4.0, 0), (64, 720, 5.0, 64), (40, 18283, 3.0, 0)]:
         logits = torch.randn(rows, width, generator=generator) * scale
         nspecial, k = 4, min(10, width - 4)
-        found = kernel.log_softmax_top_k(logits, nspecial, k)
-        expected = top_k(torch.log_softmax(logits, dim=-1), nspecial, k)
+        found = kernel.log_softmax_top_k(logits, nspecial, k, width - not_words)
+        expected = top_k(torch.log_softmax(logits, dim=-1), nspecial, k, not_words)
         if not all(map(torch.equal, found, expected)):
             return f"{rows} x {width}"
     return None
