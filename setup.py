@@ -34,6 +34,7 @@ setup(
         'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
         'and python_version < "3.12"',
         "matplotlib>=3.5",  # convs2s-plot-attention
+        "scikit-learn",  # k-means of the output layer's rows (--vocab-rest-clusters); fairseq needs it too
         "tensorboardX>=2.0",  # fairseq's --tensorboard-logdir (and its "Please install tensorboardX" at import)
         "ninja",  # torch.utils.cpp_extension's build of the lean beam step's kernel
     ],

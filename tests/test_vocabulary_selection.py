@@ -1,6 +1,8 @@
 """Vocabulary selection (``--vocab-selection``): fairseq-lua's candidate rule, the output
 layer over the candidates in training and generation, and hypotheses in full dictionary ids."""
+import math
 import re
+from argparse import Namespace
 
 import pytest
 import torch
@@ -10,9 +12,11 @@ from fairseq.data import Dictionary
 
 from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
 from fairseq_convs2s_ext.data import NO_WORD, CandidatesFileError, VocabularySelection, local_indices
+from fairseq_convs2s_ext.data.vocabulary_selection import dictionary_words
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator
 from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
 from model_helpers import build, random_tokens, with_random_biases
+from model_helpers import dictionary as dictionary_of
 
 
 def dictionary(words):
@@ -333,3 +337,89 @@ def test_generation_maps_hypotheses_back_to_full_ids():
     for a, b in zip(full, every_word):
         for x, y in zip(a, b):
             assert torch.equal(x["tokens"], y["tokens"]) and torch.equal(x["positional_scores"], y["positional_scores"])
+
+
+def selection_task(tmp_path, d, rest_clusters, most_common=10):
+    """The plugin's task with vocabulary selection on dictionary ``d`` (both sides): each
+    source word's candidates are three target words."""
+    words = [w for _, w in dictionary_words(d)]
+    lines = [f"{w} {words[(7 * i) % len(words)]} 3 {words[(7 * i + 1) % len(words)]} 2 "
+             f"{words[(7 * i + 3) % len(words)]} 1" for i, w in enumerate(words)]
+    config = ConvS2STranslationConfig(replace_unk=None, vocab_selection=write(tmp_path, lines),
+                                      vocab_most_common=most_common, vocab_top_aligned=3,
+                                      vocab_rest_clusters=rest_clusters)
+    return ConvS2STranslationTask(config, d, d)
+
+
+def translated_and_scored(task, model, sentences=4, length=6):
+    """Random sentences translated through the task (beam 3, each sentence's candidates):
+    for each hypothesis, its positional scores and the full model's log-probabilities of its
+    words, over the whole vocabulary and over its sentence's candidates alone (forced
+    decoding)."""
+    d = task.target_dictionary
+    src = random_tokens(d, sentences, length)
+    sample = {"id": torch.arange(sentences),
+              "net_input": {"src_tokens": src, "src_lengths": torch.full((sentences,), length)}}
+    generator = task.build_generator([model], Namespace(beam=3, max_len_b=8))
+    candidates = task.vocabulary_selection.candidates_per_sentence(src)
+    for b, nbest in enumerate(task.inference_step(generator, [model], sample)):
+        words = candidates[b][candidates[b].ge(0)]
+        for hypo in nbest:
+            tokens = hypo["tokens"]
+            assert set(tokens.tolist()) <= set(words.tolist())
+            prev = torch.cat([torch.tensor([d.eos()]), tokens[:-1]])[None]
+            with torch.no_grad():
+                logits = model(src[b: b + 1], torch.tensor([length]), prev)[0][0]
+            full = F.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+            over_candidates = logits[:, words].log_softmax(-1)[:, local_indices(words, tokens)].diagonal()
+            yield hypo["positional_scores"], full, over_candidates
+
+
+@pytest.mark.parametrize("rest_clusters", [0, 10 ** 6])
+def test_generation_normalises_over_the_candidates_and_the_rest_of_the_vocabulary(tmp_path, rest_clusters):
+    """fairseq-lua's softmax over a sentence's candidates alone (``--vocab-rest-clusters 0``)
+    raises every score by the probability of the words left out. With the rest estimated
+    and every word its own cluster, the normaliser is the full vocabulary's: a hypothesis's
+    positional scores are the full model's log-probabilities of its words."""
+    torch.manual_seed(0)
+    model, d = build(vocab=80)
+    with_random_biases(model)
+    model.eval()
+    task = selection_task(tmp_path, d, rest_clusters)
+    for scores, full, over_candidates in translated_and_scored(task, model):
+        torch.testing.assert_close(scores, over_candidates if rest_clusters == 0 else full, rtol=1e-5, atol=1e-5)
+        assert (over_candidates > full + 1e-3).all()  # words were left out at every step
+
+
+def test_the_rest_of_the_vocabulary_is_estimated_from_clusters_of_the_output_rows(tmp_path):
+    """k-means clusters of the rows [W_o | b_o] of the words that a sentence may lack: each
+    cluster's column is the log of its words' number plus their mean logit, at most the
+    log-sum-exp of their logits (Jensen); in a beam search every score is below fairseq-lua's
+    (the candidates alone), the words left out being counted."""
+    torch.manual_seed(0)
+    model, d = build(vocab=80)
+    with_random_biases(model)
+    model.eval()
+    task = selection_task(tmp_path, d, rest_clusters=8)
+    always = task.vocabulary_selection.always
+    clusters = task.vocabulary_selection.cluster_rest(model.decoder.fc3, 8)
+    assert clusters[:always].eq(-1).all() and set(clusters[always:].tolist()) == set(range(8))
+    model.decoder.estimate_rest(clusters)
+    no_own_words = torch.arange(always)[None]  # a sentence with the words every sentence has only
+    h = torch.randn(1, 1, model.decoder.fc3.in_features)
+    with torch.no_grad():
+        logits = model.decoder.output_layer(h, no_own_words)[0, 0]
+        full = model.decoder.fc3(h)[0, 0]
+    assert logits.size(0) == always + 8
+    torch.testing.assert_close(logits[:always], full[:always])
+    for c in range(8):
+        members = full[always:][clusters[always:] == c]
+        torch.testing.assert_close(logits[always + c], members.mean() + math.log(len(members)))
+        assert logits[always + c] <= members.logsumexp(0) + 1e-6
+    for scores, full, over_candidates in translated_and_scored(task, model):
+        assert (scores < over_candidates).all()
+
+
+def test_a_negative_number_of_rest_clusters_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match=r"--vocab-rest-clusters \(-1\) must not be negative"):
+        selection_task(tmp_path, dictionary_of(80), rest_clusters=-1)

@@ -63,7 +63,10 @@ class LocalVocabularyEnsemble(EnsembleModel):
     ids: the batch's, or a row for each sentence) are the words the models score in the
     current call, and the best words are chosen among them.
     ``words`` holds, after each step, the global id of every local column (hypotheses x
-    local width), for :class:`LocalVocabularyBeamSearch`.
+    local width), for :class:`LocalVocabularyBeamSearch`. The logits' last ``not_words``
+    columns are not words (the decoders' estimate of the words outside each sentence's
+    candidates, ``ConvS2SDecoder.estimate_rest``): they count in the softmax, never among
+    the best words.
     """
 
     def __init__(self, models, nspecial: int, beam_size: int):
@@ -72,6 +75,7 @@ class LocalVocabularyEnsemble(EnsembleModel):
         self.beam_size = beam_size
         self.words_per_row = 0
         self.candidates: Optional[torch.Tensor] = None
+        self.not_words = 0
         self.words: Optional[torch.Tensor] = None
         self.set_decoder_beam_size(beam_size)
 
@@ -79,6 +83,11 @@ class LocalVocabularyEnsemble(EnsembleModel):
         """The candidates of the next call: None (every word), the batch's (1-D), or each
         sentence's (a row each, in the batch's order)."""
         self.candidates = candidates
+        not_words = {model.decoder.rest_columns(candidates) for model in self.models}
+        if len(not_words) != 1:
+            raise ValueError("an ensemble's decoders estimate the words outside the candidates "
+                             "with different numbers of clusters")
+        self.not_words = not_words.pop()
 
     def reorder_incremental_state(self, incremental_states, new_order):
         super().reorder_incremental_state(incremental_states, new_order)
@@ -91,9 +100,10 @@ class LocalVocabularyEnsemble(EnsembleModel):
         logits, extras = self.last_logits(tokens, encoder_outs, incremental_states, temperature)
         top = None
         if self.models_size == 1:  # on a CPU, one kernel that reads each row once
-            top = top_log_probs.log_softmax_top_k(logits[0], self.nspecial, self.words_per_row)
+            top = top_log_probs.log_softmax_top_k(logits[0], self.nspecial, self.words_per_row, self.not_words)
         if top is None:
-            top = top_log_probs.top_k(self.log_probs(logits, extras), self.nspecial, self.words_per_row)
+            top = top_log_probs.top_k(self.log_probs(logits, extras), self.nspecial, self.words_per_row,
+                                      self.not_words)
         local, best_words = top
         if self.candidates is not None and self.candidates.dim() == 1:
             best_words = self.candidates[best_words]

@@ -48,6 +48,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             channels = out_channels
         self.num_attention_layers = sum(attention)
         self.need_attn = True
+        self.rest_clusters = None  # see estimate_rest
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -217,7 +218,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         are gathered into a sentence x word x channel tensor, multiplied by its hypotheses
         alone. In a beam search the gathered rows are kept in the incremental state, gathered
         once for the batch and compacted in place as sentences finish
-        (:meth:`reorder_incremental_state`).
+        (:meth:`reorder_incremental_state`). After :meth:`estimate_rest`, each sentence's
+        logits end with a column per cluster of the words outside its candidates, which count
+        in the softmax's normaliser but are not words.
 
         ``reuse_logits`` (for a caller done with a step's logits before the next step, as the
         lean beam step is): the whole vocabulary's logits are written into one tensor kept in
@@ -244,25 +247,66 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         logits = F.linear(features, *rows["every_hypothesis"])
         if candidates.dim() == 1:
             return logits
-        if rows["absent"] is not None:  # -inf added: 10x faster than a broadcast masked_fill_
-            logits.view(len(rows["absent"]), -1, logits.size(-1)).add_(rows["absent"].unsqueeze(1))
-        if rows["weight"].size(1) == 0:
-            return logits
         hypotheses, steps, channels = features.shape
         sentences = rows["weight"].size(0)
+        by_sentence_logits = logits.view(sentences, -1, logits.size(-1))
+        words = rows["words"]  # the columns scored for every hypothesis that are words; then the rest's
+        if rows["absent"] is not None:  # -inf added: 10x faster than a broadcast masked_fill_
+            by_sentence_logits[..., :words].add_(rows["absent"].unsqueeze(1))
+        if rows["rest"] is not None:
+            by_sentence_logits[..., words:].add_(rows["rest"].unsqueeze(1))
+        if rows["weight"].size(1) == 0:
+            return logits
         by_sentence = features.reshape(sentences, -1, channels)
         # each sentence's rows times its few hypotheses (words x hypotheses), faster than the
         # hypotheses times the rows' transpose: 4-10% of selection's time on BPE (bench/README.md)
         own = torch.baddbmm(rows["bias"].unsqueeze(2), rows["weight"], by_sentence.transpose(1, 2))
-        by_sentence_logits = torch.cat([logits.view(sentences, -1, logits.size(-1)), own.transpose(1, 2)], dim=-1)
-        return by_sentence_logits.view(hypotheses, steps, -1)
+        parts = [by_sentence_logits[..., :words], own.transpose(1, 2), by_sentence_logits[..., words:]]
+        return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
+
+    def estimate_rest(self, clusters):
+        """Generation with each sentence's candidates: ``clusters`` (a cluster id for each word
+        of the vocabulary, -1 for the words every sentence has; ``VocabularySelection.
+        cluster_rest``) makes :meth:`output_layer` add, after the candidates' logits, one
+        column per cluster that stands for the cluster's words that are not the sentence's
+        candidates, so that the softmax's normaliser counts them; None: the candidates alone."""
+        count = 0 if clusters is None else int(clusters.max()) + 1
+        self.rest_clusters = (clusters, count) if count > 0 else None
+
+    def rest_columns(self, candidates) -> int:
+        """How many columns after the words' the logits over ``candidates`` have (see
+        :meth:`estimate_rest`)."""
+        if self.rest_clusters is None or candidates is None or candidates.dim() != 2:
+            return 0
+        return self.rest_clusters[1]
+
+    def rest_rows(self, candidates):
+        """The rows of the columns that stand for the words outside each sentence's
+        ``candidates`` (see :meth:`estimate_rest`, ``vocabulary_selection.cluster_rest``):
+        each cluster's mean row of W_o and mean of b_o, and for each sentence the log of how
+        many of the cluster's words it lacks (-inf where none)."""
+        clusters, count = self.rest_clusters
+        clusters = clusters.to(candidates.device)
+        slot = torch.where(clusters >= 0, clusters, count)  # the words every sentence has: a slot left out
+        size = torch.bincount(slot, minlength=count + 1)[:count].to(self.fc3.bias.dtype)
+        weight = self.fc3.weight.new_zeros(count + 1, self.fc3.in_features).index_add_(0, slot, self.fc3.weight)
+        bias = self.fc3.bias.new_zeros(count + 1).index_add_(0, slot, self.fc3.bias)
+        weight, bias = weight[:count] / size.clamp(min=1).unsqueeze(1), bias[:count] / size.clamp(min=1)
+        cluster = clusters[candidates.clamp(min=0)]
+        taken = torch.zeros(len(candidates), count, dtype=size.dtype, device=size.device)
+        taken.scatter_add_(1, cluster.clamp(min=0), ((candidates >= 0) & (cluster >= 0)).to(size.dtype))
+        return weight, bias, (size - taken).log()
 
     def rows_of(self, candidates, hypotheses):
         """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word): of
         the words scored for every hypothesis (all of a batch's; W_o's own rows where they are
         in place). For each sentence's also ``absent``, -inf where a sentence lacks one of
         those words and 0 elsewhere (None if every sentence has them all); the rows and bias
-        of each sentence's other words; and the number of hypotheses of a sentence."""
+        of each sentence's other words; after :meth:`estimate_rest`, the rows of the columns
+        that stand for the words outside the candidates (:meth:`rest_rows`) after the words'
+        scored for every hypothesis, and each sentence's log counts of them (``rest``, else
+        None); how many of the columns scored for every hypothesis are words; and the number
+        of hypotheses of a sentence."""
         if candidates.dim() == 1:
             return {"every_hypothesis": (self.fc3.weight.index_select(0, candidates),
                                          self.fc3.bias.index_select(0, candidates))}
@@ -282,8 +326,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
         weight = self.fc3.weight.index_select(0, words).view(*own.shape, self.fc3.in_features)
         bias = self.fc3.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
-        return {"every_hypothesis": every_hypothesis, "absent": absent, "weight": weight, "bias": bias,
-                "beam": hypotheses // len(candidates)}
+        rest = None
+        if self.rest_clusters is not None:  # its rows after the words', in the same product
+            rest_weight, rest_bias, rest = self.rest_rows(candidates)
+            every_hypothesis = (torch.cat([every_hypothesis[0], rest_weight]),
+                                torch.cat([every_hypothesis[1], rest_bias]))
+        return {"every_hypothesis": every_hypothesis, "words": width, "absent": absent, "weight": weight,
+                "bias": bias, "rest": rest, "beam": hypotheses // len(candidates)}
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
         """fairseq's entry point (SequenceGenerator calls it at every step), which looks for the
@@ -304,6 +353,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                 rows.update(weight=keep_rows_(rows["weight"], sentences), bias=keep_rows_(rows["bias"], sentences))
                 if rows["absent"] is not None:
                     rows["absent"] = rows["absent"].index_select(0, sentences)
+                if rows["rest"] is not None:
+                    rows["rest"] = rows["rest"].index_select(0, sentences)
         sources = self.get_incremental_state(incremental_state, "projected_sources")
         if sources is not None:
             sentences = sentences_kept(new_order, sources["beam"], sources["rows"])

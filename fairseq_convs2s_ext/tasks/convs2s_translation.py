@@ -44,7 +44,8 @@ each through a task hook:
   batch gets its candidate target words (``sample["candidates"]``, see
   :mod:`fairseq_convs2s_ext.data.vocabulary_selection`: in training and validation the
   batch's, the gold targets among them; in generation each sentence's own), which the
-  criterion and the generator hand to the model.
+  criterion and the generator hand to the model. ``build_generator`` has each model's
+  decoder estimate the words outside a sentence's candidates (``--vocab-rest-clusters``).
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
   runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
@@ -118,6 +119,13 @@ class ConvS2STranslationConfig(TranslationConfig):
         metadata={"help": "vocabulary selection: each source word's K most often aligned target "
                           "words are candidates"},
     )
+    vocab_rest_clusters: int = field(
+        default=32,
+        metadata={"help": "vocabulary selection, in generation: the softmax's normaliser also "
+                          "counts the words left out of a sentence's candidates, estimated from "
+                          "N clusters of the output layer's rows; 0: the softmax over the "
+                          "candidates alone, as fairseq-lua"},
+    )
     autocast_bf16: bool = field(
         default=False,
         metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
@@ -138,6 +146,8 @@ class ConvS2STranslationTask(TranslationTask):
         self._interactive_lines_read = 0  # input lines before the current buffer
         self._collated = deque()  # interactive batches collated and not yet translated
         self.vocabulary_selection = None
+        if cfg.vocab_rest_clusters < 0:
+            raise ValueError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be negative")
         if cfg.vocab_selection is not None:
             self.vocabulary_selection = VocabularySelection.from_file(
                 cfg.vocab_selection, src_dict, tgt_dict, cfg.vocab_most_common, cfg.vocab_top_aligned
@@ -236,6 +246,9 @@ class ConvS2STranslationTask(TranslationTask):
                 "--sampling, --diverse-beam-groups, --diversity-rate, --match-source-len, "
                 "--constraints, --no-repeat-ngram-size and --lm-path"
             )
+        if self.vocabulary_selection is not None:
+            for model in models:
+                model.decoder.estimate_rest(self._rest_clusters(model.decoder))
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
@@ -244,6 +257,13 @@ class ConvS2STranslationTask(TranslationTask):
                 model.decoder.make_generation_fast_(need_attn=True)
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
                                    read_align_dict(replace_unk))
+
+    def _rest_clusters(self, decoder):
+        """The clusters of the words that selection may leave out, for ``decoder``'s output
+        layer (``--vocab-rest-clusters``), or None."""
+        if self.cfg.vocab_rest_clusters == 0:
+            return None
+        return self.vocabulary_selection.cluster_rest(decoder.fc3, self.cfg.vocab_rest_clusters)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
