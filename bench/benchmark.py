@@ -34,7 +34,7 @@ from convs2s_recipes.score import bleu as sacrebleu_score
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data import DATASETS, candidates, prepare, test_text
-from bench.generation import GenerationRun, generation_batches, generation_options, translate_in_turns
+from bench.generation import GenerationRun, generation_batches, generation_options, model_scores, translate_in_turns
 from bench.machine import cpu_description, matmul_gflops, native_bf16
 from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
                           translation_task)
@@ -43,6 +43,7 @@ from bench.training import SETTINGS, TrainingRun, train_side_by_side, training_b
 
 REPO = Path(__file__).resolve().parents[1]
 SELECTION = "ours, vocabulary selection"
+SELECTION_ALONE = "ours, selection, lua softmax"  # over the candidates alone (--vocab-rest-clusters 0)
 
 
 def parse_args(argv=None):
@@ -208,6 +209,10 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         if selection_task is not None:
             runs.append(GenerationRun(SELECTION, convs2s_like(fconv, fconv_args, task), selection_task, options,
                                       "fp32", args.device))
+            alone = convs2s_task(selection_task.cfg.data, vocab_selection=selection_task.cfg.vocab_selection,
+                                 rest_clusters=0)  # fairseq-lua's softmax
+            runs.append(GenerationRun(SELECTION_ALONE, convs2s_like(fconv, fconv_args, task), alone, options,
+                                      "fp32", args.device))
         if args.low_precision != "none":
             runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), lean_task,
                                       options, args.low_precision, args.device))
@@ -215,6 +220,7 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         best = translate_in_turns(runs, batches, args.repeats)
         reference = runs[0].hypotheses
         fconv_text, references = scored_text(task, reference)
+        fconv_scores = model_scores(runs[0].model, task, batches, reference)
         for run in runs:
             r = results.setdefault(run.name, {})
             r[f"beam {beam} sentences/s"] = n / best[run.name]
@@ -225,6 +231,8 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
             if r[f"beam {beam} identical"] < n:  # whether it differs from fconv's by more than the test set can tell
                 low, high = bleu_difference_interval(fconv_text, text, references)
                 r[f"beam {beam} BLEU - fconv's, 95% from"], r[f"beam {beam} BLEU - fconv's, 95% to"] = low, high
+                scores = model_scores(runs[0].model, task, batches, run.hypotheses)
+                r[f"beam {beam} score deficit"] = sum(fconv_scores[i] - scores[i] for i in reference) / n
         results["sentences"] = n
 
 

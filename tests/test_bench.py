@@ -9,12 +9,19 @@ import os
 import subprocess
 import sys
 
+import math
+
 import pytest
 import sacrebleu
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from bench.benchmark import bleu_difference_interval
+from bench.generation import model_scores
 from bench.reference import reference_checkpoint
 from conftest import DATA, ROOT
+from model_helpers import build, random_tokens, with_random_biases
 
 
 @pytest.mark.slow
@@ -40,8 +47,26 @@ def test_quick_benchmark_prints_the_table_and_identical_hypotheses(tmp_path):
     vocabulary = int(results["dictionaries"].split(" / ")[1])
     assert 0 < selection["candidates per sentence"] < selection["train candidates per batch"] <= vocabulary
     assert selection["arithmetic ratio"] > 1  # fewer words scored than the vocabulary's
-    if selection["beam 5 identical"] < sentences:  # its BLEU against the test set's sampling
-        assert selection["beam 5 BLEU - fconv's, 95% from"] <= selection["beam 5 BLEU - fconv's, 95% to"]
+    for run in (selection, results["ours, selection, lua softmax"]):
+        if run["beam 5 identical"] < sentences:  # its BLEU against the test set's sampling
+            assert run["beam 5 BLEU - fconv's, 95% from"] <= run["beam 5 BLEU - fconv's, 95% to"]
+            assert math.isfinite(run["beam 5 score deficit"])
+
+
+def test_model_scores_are_the_beam_search_s_own_scores():
+    """The score deficit's scores, by forced decoding, are those fairseq's beam search gives
+    its hypotheses (lenpen 1: the mean log-probability of their words and end of sentence)."""
+    torch.manual_seed(0)
+    model, d = build(vocab=60)
+    with_random_biases(model)
+    model.eval()
+    task = TranslationTask(TranslationConfig(), d, d)
+    src = random_tokens(d, 5, 7)
+    sample = {"id": torch.arange(5), "net_input": {"src_tokens": src, "src_lengths": torch.full((5,), 7)}}
+    hypos = SequenceGenerator([model], d, beam_size=3, max_len_b=10).generate([model], sample)
+    scores = model_scores(model, task, [sample], {i: nbest[0]["tokens"] for i, nbest in enumerate(hypos)})
+    for i, nbest in enumerate(hypos):
+        assert scores[i] == pytest.approx(nbest[0]["score"].item(), abs=1e-5)
 
 
 def test_bleu_difference_interval_tells_a_real_difference_from_none():
