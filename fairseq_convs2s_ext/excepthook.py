@@ -6,7 +6,9 @@ filled up while fairseq copied ``checkpoint_best.pt``), random bytes, refused by
 safe unpickler or by the plugin; a ``--replace-unk`` dictionary with a malformed line
 (fairseq's ``utils.load_align_dict`` raises a bare IndexError); ``--replace-unk`` without
 ``--dataset-impl raw`` (fairseq's bare AssertionError), or with fairseq's own task, whose
-replacement is broken for every model (an IndexError in ``utils.replace_unk``). None of their hooks runs
+replacement is broken for every model (an IndexError in ``utils.replace_unk``); a
+``--vocab-selection`` candidates file that does not fit, or a selection option out of range,
+which the task reports when fairseq sets it up. None of their hooks runs
 around those loads, so the plugin reports them where Python reports an uncaught exception:
 :func:`install_excepthook` puts a ``sys.excepthook`` in front of the one in place, which
 prints ``PROGRAM: error: PATH: why`` for these errors and hands every other one on
@@ -21,12 +23,13 @@ from typing import Optional
 
 from .checkpoints.errors import CheckpointError
 from .data.source_text import SourceTextError
+from .data.vocabulary_selection import CandidatesFileError, SelectionOptionError
 from .generation.unknown_words import AlignDictError, read_align_dict
 
 _TORCH_LOAD = os.path.join("torch", "serialization.py")
 _FAIRSEQ_UTILS = os.path.join("fairseq", "utils.py")
 # Errors of the plugin whose message says what is wrong and what to do.
-_OURS = (CheckpointError, AlignDictError, SourceTextError)
+_OURS = (CheckpointError, AlignDictError, SourceTextError, CandidatesFileError, SelectionOptionError)
 _REPLACE_UNK = ("--replace-unk needs --task convs2s_translation (fairseq's own replacement is broken "
                 "for every model) and the words of the test sentences: add --dataset-impl raw, which "
                 "reads SPLIT.SRC-TGT.LANG beside the binaries (convs2s-prepare keeps them)")

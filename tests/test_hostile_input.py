@@ -1,6 +1,7 @@
 """Inputs a careless user or an attacker gives fairseq's commands, with the plugin loaded:
 a checkpoint with other dictionaries, an over-long or empty input line, a malformed
---replace-unk file. Each gets a clear answer instead of garbage or a traceback."""
+--replace-unk file, a vocabulary selection file or option that cannot be. Each gets a clear
+answer instead of garbage or a traceback."""
 import pytest
 
 from cli_helpers import PAPER_OPTIONS, hypotheses, run
@@ -79,4 +80,24 @@ def test_a_malformed_replace_unk_file_names_its_line(small_bin, checkpoint, tmp_
     assert output.returncode != 0
     assert f"{tool}: error: {bad} line 2: 'Katze' has 1 words, not 'source target'" in output.stdout, \
         output.stdout[-3000:]
+    assert "Traceback" not in output.stdout
+
+
+@pytest.mark.parametrize("tool", ["fairseq-generate", "fairseq-interactive"])
+@pytest.mark.parametrize("problem", ["malformed candidates", "negative clusters"])
+def test_vocabulary_selection_s_bad_file_or_option_is_one_line(small_bin, checkpoint, tmp_path, tool, problem):
+    candidates = tmp_path / "candidates"
+    candidates.write_text("dog Hund 3 Katze\n" if problem == "malformed candidates" else "", encoding="utf-8")
+    options = ["--vocab-selection", candidates]
+    if problem == "negative clusters":
+        options += ["--vocab-rest-clusters", "-1"]
+    args = ["--gen-subset", "test"] if tool == "fairseq-generate" else ["-s", "en", "-t", "de"]
+    output = run(tool, small_bin, *TASK, "--path", checkpoint, *options, *args, input="a dog runs .\n",
+                 check=False)
+    assert output.returncode != 0
+    expected = (f"{tool}: error: {candidates} line 1: expected 'source target1 count1 target2 count2 ...'"
+                if problem == "malformed candidates" else
+                f"{tool}: error: --vocab-rest-clusters (-1) must not be negative: 0 for the softmax over "
+                f"the candidates alone, or a number of clusters")
+    assert expected in output.stdout, output.stdout[-3000:]
     assert "Traceback" not in output.stdout

@@ -1,7 +1,8 @@
 """Data the ConvS2S plugin adds to fairseq's: the words of the sentences being translated
 (unknown-word replacement) and the candidate target words of vocabulary selection."""
 from .source_text import SourceTextDataset, SourceTextError, raw_lines
-from .vocabulary_selection import NO_WORD, CandidatesFileError, VocabularySelection, local_indices, sentences_kept
+from .vocabulary_selection import (NO_WORD, CandidatesFileError, SelectionOptionError, VocabularySelection,
+                                   local_indices, sentences_kept)
 
-__all__ = ["NO_WORD", "CandidatesFileError", "SourceTextDataset", "SourceTextError", "VocabularySelection",
-           "local_indices", "raw_lines", "sentences_kept"]
+__all__ = ["NO_WORD", "CandidatesFileError", "SelectionOptionError", "SourceTextDataset", "SourceTextError",
+           "VocabularySelection", "local_indices", "raw_lines", "sentences_kept"]

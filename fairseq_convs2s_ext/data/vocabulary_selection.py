@@ -65,6 +65,10 @@ class CandidatesFileError(ValueError):
     """A candidates file that is malformed or does not fit the model's dictionaries."""
 
 
+class SelectionOptionError(ValueError):
+    """A vocabulary selection option out of its range."""
+
+
 def dictionary_words(dictionary):
     """The ids and words of a dictionary's real words: no specials, no padding symbols."""
     return [(i, w) for i, w in enumerate(dictionary.symbols)
@@ -146,8 +150,8 @@ class VocabularySelection:
     @classmethod
     def from_file(cls, path: str, src_dict, tgt_dict, most_common: int, top_aligned: int):
         if most_common < 0 or top_aligned < 0:
-            raise ValueError(f"--vocab-most-common ({most_common}) and --vocab-top-aligned "
-                             f"({top_aligned}) must not be negative")
+            raise SelectionOptionError(f"--vocab-most-common ({most_common}) and --vocab-top-aligned "
+                                       f"({top_aligned}) must not be negative")
         return cls(read_candidates(path, src_dict, tgt_dict, top_aligned), tgt_dict.nspecial,
                    len(tgt_dict), most_common)
 

@@ -73,7 +73,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from ..checkpoints import check_config
-from ..data import SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
+from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
 
@@ -147,7 +147,9 @@ class ConvS2STranslationTask(TranslationTask):
         self._collated = deque()  # interactive batches collated and not yet translated
         self.vocabulary_selection = None
         if cfg.vocab_rest_clusters < 0:
-            raise ValueError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be negative")
+            raise SelectionOptionError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be "
+                                       f"negative: 0 for the softmax over the candidates alone, or a "
+                                       f"number of clusters")
         if cfg.vocab_selection is not None:
             self.vocabulary_selection = VocabularySelection.from_file(
                 cfg.vocab_selection, src_dict, tgt_dict, cfg.vocab_most_common, cfg.vocab_top_aligned
