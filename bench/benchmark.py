@@ -198,6 +198,8 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         results.setdefault(SELECTION, {})["candidates per sentence"] = sizes.float().mean().item()
         results[SELECTION]["arithmetic ratio"] = arithmetic_ratio(convs2s_like(fconv, fconv_args, task),
                                                                   sizes.float().mean().item())
+        alone_task = convs2s_task(selection_task.cfg.data, vocab_selection=selection_task.cfg.vocab_selection,
+                                  rest_clusters=0)  # fairseq-lua's softmax over the candidates alone
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
@@ -209,9 +211,7 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         if selection_task is not None:
             runs.append(GenerationRun(SELECTION, convs2s_like(fconv, fconv_args, task), selection_task, options,
                                       "fp32", args.device))
-            alone = convs2s_task(selection_task.cfg.data, vocab_selection=selection_task.cfg.vocab_selection,
-                                 rest_clusters=0)  # fairseq-lua's softmax
-            runs.append(GenerationRun(SELECTION_ALONE, convs2s_like(fconv, fconv_args, task), alone, options,
+            runs.append(GenerationRun(SELECTION_ALONE, convs2s_like(fconv, fconv_args, task), alone_task, options,
                                       "fp32", args.device))
         if args.low_precision != "none":
             runs.append(GenerationRun(f"ours {args.low_precision}", convs2s_like(fconv, fconv_args, task), lean_task,

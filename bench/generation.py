@@ -9,9 +9,9 @@ import argparse
 import itertools
 import time
 
-import torch
 from fairseq import utils
 from fairseq.data import data_utils
+from fairseq.sequence_scorer import SequenceScorer
 from omegaconf import OmegaConf
 
 from .training import autocast, synchronize
@@ -75,21 +75,19 @@ class GenerationRun:
 
 
 def model_scores(model, task, batches, hypotheses):
-    """``model``'s score of each sentence's hypothesis (fairseq's: the mean log-probability
-    of its words and end of sentence, at lenpen 1), by forced decoding."""
+    """``model``'s score of each sentence's hypothesis by fairseq's SequenceScorer (what
+    fairseq-generate --score-reference prints: the mean log-probability of its words and
+    end of sentence)."""
     target = task.target_dictionary
+    scorer = SequenceScorer(target)
     scores = {}
-    model.eval()
-    with torch.no_grad():
-        for sample in batches:
-            ids = sample["id"].tolist()
-            tokens = [hypotheses[i] for i in ids]
-            output = data_utils.collate_tokens(tokens, target.pad(), target.eos())
-            previous = data_utils.collate_tokens(tokens, target.pad(), target.eos(), move_eos_to_beginning=True)
-            net_output = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], previous)
-            log_probs = model.get_normalized_probs(net_output, log_probs=True)
-            words = log_probs.gather(2, output.unsqueeze(2)).squeeze(2).masked_fill(output.eq(target.pad()), 0)
-            scores.update({i: (words[b].sum() / len(tokens[b])).item() for b, i in enumerate(ids)})
+    for sample in batches:
+        ids = sample["id"].tolist()
+        tokens = [hypotheses[i] for i in ids]
+        previous = data_utils.collate_tokens(tokens, target.pad(), target.eos(), move_eos_to_beginning=True)
+        scored = scorer.generate([model], {"net_input": dict(sample["net_input"], prev_output_tokens=previous),
+                                           "target": data_utils.collate_tokens(tokens, target.pad(), target.eos())})
+        scores.update({i: nbest[0]["score"].item() for i, nbest in zip(ids, scored)})
     return scores
 
 

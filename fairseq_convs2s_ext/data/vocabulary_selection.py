@@ -28,8 +28,9 @@ words that the output layer scores for every hypothesis first, in one column of 
 (the specials still at their own ids), then the sentence's others, padded with :data:`NO_WORD`.
 
 In generation the softmax's normaliser also counts the probability mass of the words left
-out, estimated from clusters of the output layer's rows (:func:`cluster_rest`), so that a
-hypothesis's scores stay close to the full vocabulary's. fairseq-lua normalised over the
+out, estimated from clusters of the output layer's rows
+(:meth:`VocabularySelection.cluster_rest`), so that a hypothesis's scores stay close to the
+full vocabulary's. fairseq-lua normalised over the
 candidates alone (``--vocab-rest-clusters 0``). That raises every score by the mass left
 out, most at the steps where the model is unsure, and so favours longer hypotheses through
 uncertain steps: on Multi30k BPE (500/100), the full model's scores of selection's
@@ -142,10 +143,31 @@ class VocabularySelection:
         self.vocab_size = vocab_size
         self.always = min(nspecial + most_common, vocab_size)  # ids below: specials, most common
 
-    def cluster_rest(self, output_layer, clusters: int) -> torch.Tensor:
-        """:func:`cluster_rest` of a model's output layer (an ``nn.Linear``) for these
-        candidates: the words after the specials and the most common, into ``clusters``."""
-        return cluster_rest(output_layer.weight, output_layer.bias, self.always, clusters)
+    def cluster_rest(self, output_layer, clusters: int, seed: int = 0) -> torch.Tensor:
+        """A cluster for each word of a model's output layer (an ``nn.Linear``: rows of W_o
+        and b_o) that a sentence's candidates may lack, the words after the specials and the
+        most common, and -1 for those before: k-means (scikit-learn's) of the rows
+        [W_o | b_o] into ``clusters`` clusters, or each word its own where there are no more
+        words than that.
+
+        A cluster c of n_c words, m_c of them a sentence's candidates, then stands for the
+        mass of its others in the softmax's normaliser with one logit,
+        log(n_c - m_c) + mean_{w in c}(W_o)_w h + mean_{w in c}(b_o)_w,
+        the log of n_c - m_c times the exponential of the members' mean logit. For all n_c
+        members (m_c = 0) it is a lower bound of their log-sum-exp (Jensen's inequality), and
+        for a cluster of one word it is that word's logit: with every word its own cluster
+        the normaliser is the full vocabulary's."""
+        weight, bias = output_layer.weight, output_layer.bias
+        labels = torch.full((weight.size(0),), -1, dtype=torch.long)
+        words = weight.size(0) - self.always
+        if words <= clusters:
+            labels[self.always:] = torch.arange(words)
+            return labels
+        from sklearn.cluster import KMeans
+
+        rows = torch.cat([weight[self.always:], bias[self.always:, None]], dim=1).detach().float().cpu().numpy()
+        labels[self.always:] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
+        return labels
 
     @classmethod
     def from_file(cls, path: str, src_dict, tgt_dict, most_common: int, top_aligned: int):
@@ -194,32 +216,6 @@ class VocabularySelection:
         others = torch.full((sentences, int(counts.max())), NO_WORD, dtype=torch.long, device=rows.device)
         others[rows, columns] = words
         return torch.cat([head, others], dim=1)
-
-
-def cluster_rest(weight: torch.Tensor, bias: torch.Tensor, first: int, clusters: int,
-                 seed: int = 0) -> torch.Tensor:
-    """A cluster for each word of the output layer (rows of ``weight``, W_o, and ``bias``,
-    b_o) from id ``first`` on, the words that may be left out of a sentence's candidates, and
-    -1 for those before it: k-means (scikit-learn's) of the rows [W_o | b_o], into
-    ``clusters`` clusters, or each word its own where there are no more words than that.
-
-    A cluster c of n_c words, m_c of them a sentence's candidates, then stands for the mass
-    of its others in the softmax's normaliser with one logit,
-    log(n_c - m_c) + mean_{w in c}(W_o)_w h + mean_{w in c}(b_o)_w,
-    the log of n_c - m_c times the exponential of the members' mean logit. For all n_c
-    members (m_c = 0) it is a lower bound of their log-sum-exp (Jensen's inequality), and
-    for a cluster of one word it is that word's logit: with every word its own cluster the
-    normaliser is the full vocabulary's."""
-    labels = torch.full((weight.size(0),), -1, dtype=torch.long)
-    words = weight.size(0) - first
-    if words <= clusters:
-        labels[first:] = torch.arange(words)
-        return labels
-    from sklearn.cluster import KMeans
-
-    rows = torch.cat([weight[first:], bias[first:, None]], dim=1).detach().float().cpu().numpy()
-    labels[first:] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
-    return labels
 
 
 def sentences_kept(new_order: torch.Tensor, beam: int, sentences: int) -> Optional[torch.Tensor]:

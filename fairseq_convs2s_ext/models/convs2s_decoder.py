@@ -282,9 +282,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def rest_rows(self, candidates):
         """The rows of the columns that stand for the words outside each sentence's
-        ``candidates`` (see :meth:`estimate_rest`, ``vocabulary_selection.cluster_rest``):
+        ``candidates`` (see :meth:`estimate_rest`, ``VocabularySelection.cluster_rest``):
         each cluster's mean row of W_o and mean of b_o, and for each sentence the log of how
         many of the cluster's words it lacks (-inf where none)."""
+        # per batch, from W_o as it is: a generator built in training (--eval-bleu) sees it change
         clusters, count = self.rest_clusters
         clusters = clusters.to(candidates.device)
         slot = torch.where(clusters >= 0, clusters, count)  # the words every sentence has: a slot left out
