@@ -27,13 +27,13 @@ def dictionary(words):
 
 
 SRC = dictionary(["a", "b", "c", "d"])
-TGT = dictionary([f"x{i}" for i in range(10)])  # in order of frequency, as fairseq's
+TGT = dictionary([f"x{i}" for i in range(10)])
 CANDIDATES = [
     "a x3 5 x1 3 zz 2 x7 1",  # zz is not a target word: skipped before taking the top K
     "b x9 4 x8 4",
     "c x5 1",
     "q x6 7",  # q is not a source word (a truncated dictionary): never a source of the batch
-]
+]  # the most often aligned targets: x6 7, x3 5, x8 4, x9 4, x1 3, ...
 
 
 def write(tmp_path, lines, name="candidates"):
@@ -51,13 +51,13 @@ def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
     src = torch.tensor([[SRC.pad(), SRC.index("a"), SRC.index("b"), SRC.eos()],
                         [SRC.index("a"), SRC.unk(), SRC.index("a"), SRC.eos()]])
     specials = list(range(TGT.nspecial))
-    most_common = ids(TGT, ["x0", "x1"])
+    most_common = ids(TGT, ["x6", "x3"])  # q's x6 counts: the target side's frequency
     aligned = ids(TGT, ["x3", "x1", "x9", "x8"])  # a: x3 x1 (top 2 known), b: x9 x8; not c
     generation = selection.candidates(src)
     assert generation.tolist() == sorted(set(specials + most_common + aligned))
     target = torch.tensor([[TGT.index("x4"), TGT.index("x0"), TGT.eos()], [TGT.index("x6"), TGT.eos(), TGT.pad()]])
     training = selection.candidates(src, target)
-    assert training.tolist() == sorted(set(generation.tolist() + ids(TGT, ["x4", "x6"])))
+    assert training.tolist() == sorted(set(generation.tolist() + ids(TGT, ["x4", "x0", "x6"])))
     # specials first at their own ids; local indices map back to full ids
     assert training[: TGT.nspecial].tolist() == specials
     local = local_indices(training, target)
@@ -67,6 +67,19 @@ def test_lua_candidate_rule_on_a_hand_made_case(tmp_path):
     assert none.candidates(torch.tensor([[SRC.index("d"), SRC.eos()]])).tolist() == specials
     everything = VocabularySelection.from_file(write(tmp_path, CANDIDATES), SRC, TGT, most_common=10 ** 6, top_aligned=1)
     assert everything.candidates(src).tolist() == list(range(len(TGT)))
+
+
+def test_the_most_common_words_are_the_target_side_s_in_a_joint_dictionary(tmp_path):
+    """A dictionary shared by both languages (fairseq-preprocess --joined-dictionary, as for
+    BPE) is ordered by both sides' counts, so its first words may be source words that the
+    target never has. The most common target words are those the training data's target side
+    has aligned most often, whatever the dictionary's order."""
+    joint = dictionary(["the", "a", "of", "die", "der", "und"])  # English heads the joint order
+    lines = ["the die 9 der 4", "a eine 3 die 2", "of der 5 des 1", "and und 6"]
+    selection = VocabularySelection.from_file(write(tmp_path, lines), joint, joint, most_common=3, top_aligned=1)
+    none_aligned = torch.tensor([[joint.eos()]])
+    assert selection.candidates(none_aligned).tolist() == sorted(
+        list(range(joint.nspecial)) + ids(joint, ["die", "der", "und"]))  # 11, 9, 6; not "the", "a", "of"
 
 
 def test_generation_takes_each_sentence_s_own_candidates(tmp_path):
@@ -81,17 +94,17 @@ def test_generation_takes_each_sentence_s_own_candidates(tmp_path):
     src = torch.tensor([[a, b, eos], [pad, c, eos], [pad, d, eos], [pad, a, eos], [pad, b, eos]])
     rows = selection.candidates_per_sentence(src)
     alone = [selection.candidates(src[s: s + 1]).tolist() for s in range(len(src))]
-    always = list(range(TGT.nspecial)) + ids(TGT, ["x0", "x1"])
-    x3, x5, x8, x9 = ids(TGT, ["x3", "x5", "x8", "x9"])  # x3 (a), x8 and x9 (b): 2 sentences of 5 each
-    assert rows.tolist() == [always + [x3, x8, x9, NO_WORD],
+    always = list(range(TGT.nspecial)) + ids(TGT, ["x3", "x6"])
+    x1, x5, x8, x9 = ids(TGT, ["x1", "x5", "x8", "x9"])  # x1 (a), x8 and x9 (b): 2 sentences of 5 each
+    assert rows.tolist() == [always + [x1, x8, x9, NO_WORD],
                              always + [NO_WORD, NO_WORD, NO_WORD, x5],  # x5 (c): 1 sentence of 5
                              always + [NO_WORD] * 4,
-                             always + [x3, NO_WORD, NO_WORD, NO_WORD],
+                             always + [x1, NO_WORD, NO_WORD, NO_WORD],
                              always + [NO_WORD, x8, x9, NO_WORD]]
     for row, words in zip(rows.tolist(), alone):
         assert sorted(w for w in row if w != NO_WORD) == words
     one = selection.candidates_per_sentence(src[:1])  # a sentence alone: each word is its sentence's
-    assert one.tolist() == [always + [x3, x8, x9]]
+    assert one.tolist() == [always + [x1, x8, x9]]
 
 
 def test_per_sentence_candidates_translate_each_sentence_as_alone():
@@ -402,20 +415,22 @@ def test_the_rest_of_the_vocabulary_is_estimated_from_clusters_of_the_output_row
     model.eval()
     task = selection_task(tmp_path, d, rest_clusters=8)
     always = task.vocabulary_selection.always
+    rest = torch.ones(len(d), dtype=torch.bool)
+    rest[always] = False
     clusters = task.vocabulary_selection.cluster_rest(model.decoder.fc3, 8)
-    assert clusters[:always].eq(-1).all() and set(clusters[always:].tolist()) == set(range(8))
+    assert clusters[always].eq(-1).all() and set(clusters[rest].tolist()) == set(range(8))
     model.decoder.estimate_rest(clusters)
-    no_own_words = torch.arange(always)[None]  # a sentence with the words every sentence has only
+    no_own_words = always[None]  # a sentence with the words every sentence has only
     h = torch.randn(1, 1, model.decoder.fc3.in_features)
     with torch.no_grad():
         logits = model.decoder.output_layer(h, no_own_words)[0, 0]
         full = model.decoder.fc3(h)[0, 0]
-    assert logits.size(0) == always + 8
-    torch.testing.assert_close(logits[:always], full[:always])
+    assert logits.size(0) == len(always) + 8
+    torch.testing.assert_close(logits[:len(always)], full[always])
     for c in range(8):
-        members = full[always:][clusters[always:] == c]
-        torch.testing.assert_close(logits[always + c], members.mean() + math.log(len(members)))
-        assert logits[always + c] <= members.logsumexp(0) + 1e-6
+        members = full[rest][clusters[rest] == c]
+        torch.testing.assert_close(logits[len(always) + c], members.mean() + math.log(len(members)))
+        assert logits[len(always) + c] <= members.logsumexp(0) + 1e-6
     for scores, full, over_candidates in translated_and_scored(task, model):
         assert (scores < over_candidates).all()
 

@@ -5,8 +5,12 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
 (the rows of W_o and b_o) and its softmax only over the candidates of the batch:
 
 - the special symbols (bos, pad, eos, unk, ...);
-- the ``most_common`` most frequent target words (dictionary order after the specials:
-  fairseq's dictionaries are sorted by frequency);
+- the ``most_common`` most frequent target words, by how often the training data's
+  target side has them aligned (the candidates file's counts). fairseq-lua took them in
+  dictionary order, which is the same for a dictionary of the target language alone (499 of
+  the 500 on Multi30k's words, the other a tie at the boundary); a dictionary shared by both
+  languages (``--joined-dictionary``, BPE) is ordered by both sides' counts, and on Multi30k's
+  its first 500 held 142 words German never uses (bench/README.md);
 - for each distinct source word of the batch, its ``top_aligned`` target words most often
   aligned to it in the training data (``convs2s-align-dict --candidates``);
 - in training (and validation) only, every gold target word of the batch, so that no target
@@ -76,14 +80,16 @@ def dictionary_words(dictionary):
             if i >= dictionary.nspecial and not w.startswith(MADE_UP_WORD)]
 
 
-def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int) -> torch.Tensor:
+def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int):
     """The candidates file as a table: row s holds the target ids of source id s's
     ``top_aligned`` best aligned words that are in ``tgt_dict``, padded with ``pad``
-    (a special symbol, a candidate anyway); int32, as wide as the longest row."""
+    (a special symbol, a candidate anyway); int32, as wide as the longest row. And how often
+    each target id is aligned, summed over all of the file's pairs."""
     if not os.path.isfile(path):
         raise CandidatesFileError(f"{path}: no such file; write it with convs2s-align-dict "
                                   f"--candidates {path} on the training text")
     rows = {}
+    target_counts = torch.zeros(len(tgt_dict), dtype=torch.long)
     seen_sources, seen_targets = {}, set()
     first_unknown_source = None
     with open(path, encoding="utf-8") as f:
@@ -107,6 +113,7 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int) -> torch.Te
             seen_sources[source] = number
             ids = [tgt_dict.index(t) for t in targets]
             seen_targets.update(ids)
+            target_counts.index_add_(0, torch.tensor(ids, dtype=torch.long), torch.tensor(counts))
             s = src_dict.index(source)
             if s == src_dict.unk():
                 first_unknown_source = first_unknown_source or (number, source)
@@ -118,7 +125,7 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int) -> torch.Te
     aligned = torch.full((len(src_dict), width), tgt_dict.pad(), dtype=torch.int32)
     for s, targets in rows.items():
         aligned[s, : len(targets)] = torch.tensor(targets, dtype=torch.int32)
-    return aligned
+    return aligned, target_counts
 
 
 def _check_coverage(path, side, dictionary, words_in_file, first_unknown):
@@ -137,16 +144,19 @@ def _check_coverage(path, side, dictionary, words_in_file, first_unknown):
 class VocabularySelection:
     """The candidate rule of one model's dictionaries, from its candidates file."""
 
-    def __init__(self, aligned: torch.Tensor, nspecial: int, vocab_size: int, most_common: int):
+    def __init__(self, aligned: torch.Tensor, target_counts: torch.Tensor, nspecial: int, most_common: int):
+        """``target_counts``: how often each target id is aligned in the training data; the
+        ``most_common`` words with the highest counts (ties: the smaller id) are candidates."""
         self.aligned = aligned
         self.nspecial = nspecial
-        self.vocab_size = vocab_size
-        self.always = min(nspecial + most_common, vocab_size)  # ids below: specials, most common
+        self.vocab_size = len(target_counts)
+        by_count = torch.sort(target_counts[nspecial:], descending=True, stable=True).indices + nspecial
+        self.always = torch.cat([torch.arange(nspecial), by_count[:most_common].sort().values])  # every sentence's
 
     def cluster_rest(self, output_layer, clusters: int, seed: int = 0) -> torch.Tensor:
         """A cluster for each word of a model's output layer (an ``nn.Linear``: rows of W_o
-        and b_o) that a sentence's candidates may lack, the words after the specials and the
-        most common, and -1 for those before: k-means (scikit-learn's) of the rows
+        and b_o) that a sentence's candidates may lack, the words other than the specials and
+        the most common, and -1 for those: k-means (scikit-learn's) of the rows
         [W_o | b_o] into ``clusters`` clusters, or each word its own where there are no more
         words than that.
 
@@ -159,14 +169,16 @@ class VocabularySelection:
         the normaliser is the full vocabulary's."""
         weight, bias = output_layer.weight, output_layer.bias
         labels = torch.full((weight.size(0),), -1, dtype=torch.long)
-        words = weight.size(0) - self.always
+        rest = torch.ones(weight.size(0), dtype=torch.bool)
+        rest[self.always.cpu()] = False
+        words = int(rest.sum())
         if words <= clusters:
-            labels[self.always:] = torch.arange(words)
+            labels[rest] = torch.arange(words)
             return labels
         from sklearn.cluster import KMeans
 
-        rows = torch.cat([weight[self.always:], bias[self.always:, None]], dim=1).detach().float().cpu().numpy()
-        labels[self.always:] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
+        rows = torch.cat([weight[rest], bias[rest, None]], dim=1).detach().float().cpu().numpy()
+        labels[rest] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
         return labels
 
     @classmethod
@@ -174,21 +186,21 @@ class VocabularySelection:
         if most_common < 0 or top_aligned < 0:
             raise SelectionOptionError(f"--vocab-most-common ({most_common}) and --vocab-top-aligned "
                                        f"({top_aligned}) must not be negative")
-        return cls(read_candidates(path, src_dict, tgt_dict, top_aligned), tgt_dict.nspecial,
-                   len(tgt_dict), most_common)
+        return cls(*read_candidates(path, src_dict, tgt_dict, top_aligned), tgt_dict.nspecial, most_common)
 
-    def _aligned_on(self, device):
-        """The table of aligned words, moved once to the device of the batches."""
+    def _on(self, device):
+        """The table of aligned words and the ids of the words every sentence has, moved once
+        to the device of the batches."""
         if self.aligned.device != device:
-            self.aligned = self.aligned.to(device)
-        return self.aligned
+            self.aligned, self.always = self.aligned.to(device), self.always.to(device)
+        return self.aligned, self.always
 
     def candidates(self, src_tokens: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The sorted target ids of a batch's candidates; ``target`` (its gold target words,
         in training) adds them. On the device of ``src_tokens``."""
-        aligned = self._aligned_on(src_tokens.device)
+        aligned, always = self._on(src_tokens.device)
         chosen = torch.zeros(self.vocab_size, dtype=torch.bool, device=src_tokens.device)
-        chosen[: self.always] = True
+        chosen[always] = True
         chosen[aligned[src_tokens.unique()].view(-1)] = True
         if target is not None:
             chosen[target.reshape(-1)] = True
@@ -197,18 +209,17 @@ class VocabularySelection:
     def candidates_per_sentence(self, src_tokens: torch.Tensor) -> torch.Tensor:
         """Each sentence's candidates (generation), a row each (B x C). First come the words
         that the output layer scores for every hypothesis of the batch, each at the same column
-        in every row: the specials and the most common words (ids 0..always-1), then the other
+        in every row: the specials and the most common words, in id order, then the other
         words that at least 1 in :data:`COMMON_SHARE` of the sentences have, in id order, with
         :data:`NO_WORD` in the rows of the sentences without them. Then each sentence's other
         words in id order, padded with :data:`NO_WORD` to the longest row."""
-        aligned = self._aligned_on(src_tokens.device)
+        aligned, always = self._on(src_tokens.device)
         sentences = src_tokens.size(0)
         chosen = torch.zeros(sentences, self.vocab_size, dtype=torch.bool, device=src_tokens.device)
         chosen.scatter_(1, aligned[src_tokens].view(sentences, -1).long(), True)
-        chosen[:, : self.always] = False
+        chosen[:, always] = False
         common = (chosen.sum(0) * COMMON_SHARE >= sentences).nonzero().squeeze(1)
-        always = torch.arange(self.always, device=chosen.device).expand(sentences, -1)
-        head = torch.cat([always, torch.where(chosen[:, common], common, NO_WORD)], dim=1)
+        head = torch.cat([always.expand(sentences, -1), torch.where(chosen[:, common], common, NO_WORD)], dim=1)
         chosen[:, common] = False
         counts = chosen.sum(1)
         rows, words = chosen.nonzero(as_tuple=True)  # row by row, each row's words in order
