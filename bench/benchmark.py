@@ -58,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--vocab-selection", nargs="?", const="build", metavar="FILE",
                    help="also run ours with vocabulary selection (the candidates FILE, default: built "
                         "from the data's training text with convs2s-align-dict --candidates)")
+    p.add_argument("--vocab-most-common", type=int, metavar="N",
+                   help="with --vocab-selection: the task's --vocab-most-common (default: the task's, 500)")
     p.add_argument("--arch", default="fconv_iwslt_de_en", help="fconv architecture (ours gets the same layers)")
     p.add_argument("--dropout", type=float, default=SETTINGS.model.dropout, help="default: the demo recipe's")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -199,7 +201,8 @@ def run_generation(args, task, lean_task, selection_task, fconv, fconv_args, res
         results[SELECTION]["arithmetic ratio"] = arithmetic_ratio(convs2s_like(fconv, fconv_args, task),
                                                                   sizes.float().mean().item())
         alone_task = convs2s_task(selection_task.cfg.data, vocab_selection=selection_task.cfg.vocab_selection,
-                                  rest_clusters=0)  # fairseq-lua's softmax over the candidates alone
+                                  vocab_most_common=selection_task.cfg.vocab_most_common,
+                                  vocab_rest_clusters=0)  # fairseq-lua's softmax over the candidates alone
     for beam in [int(b) for b in args.beams.split(",")]:
         options = generation_options(beam, *((1.2, 10) if args.quick or args.untrained else ()))
         # ours with fairseq's own SequenceGenerator, and with convs2s_translation's lean beam step
@@ -266,6 +269,8 @@ def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection
         command += ["--batches", "1", "--max-len-a", "1.2", "--max-len-b", "10"]
     if vocab_selection:
         command += ["--vocab-selection", str(vocab_selection)]
+        if args.vocab_most_common is not None:
+            command += ["--vocab-most-common", str(args.vocab_most_common)]
     # glibc returns every freed block of 64 KiB or more to the OS at once: the peak is then
     # what the workload holds, not where its heap's layout left freed blocks (without this,
     # two runs of the same workload differed by 300 MiB).
@@ -352,6 +357,8 @@ def print_table(args, results, machine):
     print(f"arch {args.arch}, {data} (dictionaries {results['dictionaries']}); training: {args.updates} timed updates of "
           f"{args.max_tokens} tokens; generation: {results.get('sentences', '-')} sentences, batch {args.batch_size}"
           + ("  [QUICK: smoke test, not a measurement]" if args.quick else ""))
+    if "selection" in results:
+        print(f"vocabulary selection: {results['selection']}")
     header = ["metric"] + [n for n in names] + [f"{n} / fconv" for n in names if n != "fconv"]
     rows = []
     for metric in metrics:
@@ -389,13 +396,18 @@ def main(argv=None):
     if args.vocab_selection == "build":
         args.vocab_selection = str(candidates(args.data))
     lean_task = convs2s_task(data_bin)  # ours translates with the lean beam step
-    selection_task = convs2s_task(data_bin, vocab_selection=args.vocab_selection) if args.vocab_selection else None
+    selection_task = convs2s_task(data_bin, vocab_selection=args.vocab_selection,
+                                  vocab_most_common=args.vocab_most_common) if args.vocab_selection else None
     machine = {"device": torch.cuda.get_device_name() if args.device == "cuda" else cpu_description(),
                "n": 2048, "fp32 GFLOP/s": matmul_gflops(torch.float32, args.device),
                "bf16 GFLOP/s": matmul_gflops(torch.bfloat16, args.device) if native_bf16(args.device) else 0.0}
     low = f"ours {args.low_precision}"
     results = {"fconv": {}, "ours": {}, **({low: {}} if args.low_precision != "none" else {}),
                "dictionaries": f"{len(task.source_dictionary)} / {len(task.target_dictionary)}"}
+    if selection_task is not None:
+        cfg = selection_task.cfg
+        results["selection"] = (f"--vocab-most-common {cfg.vocab_most_common} --vocab-top-aligned "
+                                f"{cfg.vocab_top_aligned} --vocab-rest-clusters {cfg.vocab_rest_clusters}")
 
     def save():
         if args.json:

@@ -70,6 +70,7 @@ def main(argv=None):
     parser.add_argument("--max-len-a", type=float, default=0.0)
     parser.add_argument("--max-len-b", type=int, default=200)
     parser.add_argument("--vocab-selection", metavar="FILE", help="candidates file: ours with vocabulary selection")
+    parser.add_argument("--vocab-most-common", type=int, metavar="N", help="the task's --vocab-most-common")
     args = parser.parse_args(argv)
 
     import torch
@@ -80,7 +81,8 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     task = translation_task(args.data)
-    selection_task = convs2s_task(args.data, vocab_selection=args.vocab_selection) if args.vocab_selection else None
+    selection_task = convs2s_task(args.data, vocab_selection=args.vocab_selection,
+                                  vocab_most_common=args.vocab_most_common) if args.vocab_selection else None
     from fairseq import checkpoint_utils
 
     (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], task=task)

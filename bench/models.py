@@ -19,17 +19,17 @@ def translation_task(data_bin, src="en", tgt="de"):
     return TranslationTask.setup_task(cfg)
 
 
-def convs2s_task(data_bin, src="en", tgt="de", vocab_selection=None, rest_clusters=None):
+def convs2s_task(data_bin, src="en", tgt="de", vocab_selection=None, **selection):
     """The plugin's convs2s_translation: its generator has the lean beam step; with
     ``vocab_selection`` (a candidates file) each batch scores only its candidate words, and
-    ``rest_clusters`` (``--vocab-rest-clusters``, if not the default) estimate the others."""
+    ``selection`` sets the task's other selection options where not None (``vocab_most_common``,
+    ``vocab_rest_clusters``, ...)."""
     from fairseq import tasks
     from omegaconf import OmegaConf
 
     options = {"_name": "convs2s_translation", "data": str(data_bin), "source_lang": src, "target_lang": tgt,
                "vocab_selection": vocab_selection and str(vocab_selection)}
-    if rest_clusters is not None:
-        options["vocab_rest_clusters"] = rest_clusters
+    options.update((name, value) for name, value in selection.items() if value is not None)
     return tasks.setup_task(OmegaConf.create(options))
 
 
