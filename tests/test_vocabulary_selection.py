@@ -75,7 +75,7 @@ def test_the_most_common_words_are_the_target_side_s_in_a_joint_dictionary(tmp_p
     target never has. The most common target words are those the training data's target side
     has aligned most often, whatever the dictionary's order."""
     joint = dictionary(["the", "a", "of", "die", "der", "und"])  # English heads the joint order
-    lines = ["the die 9 der 4", "a eine 3 die 2", "of der 5 des 1", "and und 6"]
+    lines = ["the die 9 der 4", "a eine 3 die 2", "of der 5 des 1", "and und 6", "die"]  # die: none aligned
     selection = VocabularySelection.from_file(write(tmp_path, lines), joint, joint, most_common=3, top_aligned=1)
     none_aligned = torch.tensor([[joint.eos()]])
     assert selection.candidates(none_aligned).tolist() == sorted(

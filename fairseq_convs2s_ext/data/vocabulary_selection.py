@@ -89,7 +89,7 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int):
         raise CandidatesFileError(f"{path}: no such file; write it with convs2s-align-dict "
                                   f"--candidates {path} on the training text")
     rows = {}
-    target_counts = torch.zeros(len(tgt_dict), dtype=torch.long)
+    target_counts = [0] * len(tgt_dict)
     seen_sources, seen_targets = {}, set()
     first_unknown_source = None
     with open(path, encoding="utf-8") as f:
@@ -113,7 +113,8 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int):
             seen_sources[source] = number
             ids = [tgt_dict.index(t) for t in targets]
             seen_targets.update(ids)
-            target_counts.index_add_(0, torch.tensor(ids, dtype=torch.long), torch.tensor(counts))
+            for t, count in zip(ids, counts):
+                target_counts[t] += count
             s = src_dict.index(source)
             if s == src_dict.unk():
                 first_unknown_source = first_unknown_source or (number, source)
@@ -125,7 +126,7 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int):
     aligned = torch.full((len(src_dict), width), tgt_dict.pad(), dtype=torch.int32)
     for s, targets in rows.items():
         aligned[s, : len(targets)] = torch.tensor(targets, dtype=torch.int32)
-    return aligned, target_counts
+    return aligned, torch.tensor(target_counts)
 
 
 def _check_coverage(path, side, dictionary, words_in_file, first_unknown):
