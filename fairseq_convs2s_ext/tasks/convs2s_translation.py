@@ -112,7 +112,8 @@ class ConvS2STranslationConfig(TranslationConfig):
     )
     vocab_most_common: int = field(
         default=500,
-        metadata={"help": "vocabulary selection: the N most frequent target words are candidates"},
+        metadata={"help": "vocabulary selection: the N most frequent target words (by the candidates "
+                          "file's counts) are candidates"},
     )
     vocab_top_aligned: int = field(
         default=100,
