@@ -7,10 +7,9 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
 - the special symbols (bos, pad, eos, unk, ...);
 - the ``most_common`` most frequent target words, by how often the training data's
   target side has them aligned (the candidates file's counts). fairseq-lua took them in
-  dictionary order, which is the same for a dictionary of the target language alone (499 of
-  the 500 on Multi30k's words, the other a tie at the boundary); a dictionary shared by both
-  languages (``--joined-dictionary``, BPE) is ordered by both sides' counts, and on Multi30k's
-  its first 500 held 142 words German never uses (bench/README.md);
+  dictionary order: nearly the same for a dictionary of the target language alone (499 of
+  the 500 on word-level Multi30k), not for one shared by both languages
+  (``--joined-dictionary``, BPE), which is ordered by both sides' counts (bench/README.md);
 - for each distinct source word of the batch, its ``top_aligned`` target words most often
   aligned to it in the training data (``convs2s-align-dict --candidates``);
 - in training (and validation) only, every gold target word of the batch, so that no target
