@@ -300,8 +300,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def rows_of(self, candidates, hypotheses):
         """The rows of W_o and b_o of ``candidates`` (b_o is -inf where there is no word): of
-        the words scored for every hypothesis (all of a batch's; W_o's own rows where they are
-        in place). For each sentence's also ``absent``, -inf where a sentence lacks one of
+        the words scored for every hypothesis (all of a batch's). For each sentence's also ``absent``, -inf where a sentence lacks one of
         those words and 0 elsewhere (None if every sentence has them all); the rows and bias
         of each sentence's other words; after :meth:`estimate_rest`, the rows of the columns
         that stand for the words outside the candidates (:meth:`rest_rows`) after the words'
@@ -315,10 +314,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         one_word = ((candidates == word) | (candidates < 0)).all(0)
         width = int(one_word.cumprod(0).sum())
         ids = word[:width].clamp(min=0)
-        if torch.equal(ids, torch.arange(width, device=ids.device)):  # W_o's own rows, no copy
-            every_hypothesis = self.fc3.weight[:width], self.fc3.bias[:width]
-        else:
-            every_hypothesis = self.fc3.weight.index_select(0, ids), self.fc3.bias.index_select(0, ids)
+        every_hypothesis = self.fc3.weight.index_select(0, ids), self.fc3.bias.index_select(0, ids)
         missing = candidates[:, :width] < 0
         absent = None
         if missing.any():
