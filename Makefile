@@ -7,8 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 # Where corpora are read from, and downloaded to when missing: DATA=DIR, passed on to the recipes
-# and tests as CONVS2S_DATA. Without it, recipes.corpora.data_root() decides (CONVS2S_DATA, else
-# shared/data beside the checkout).
+# and tests as CONVS2S_DATA. Without it, convs2s_recipes.corpora.data_root() decides (CONVS2S_DATA,
+# else ../shared/data where it exists, else $XDG_CACHE_HOME/convs2s or ~/.cache/convs2s);
+# `.venv/bin/convs2s-data --where` prints it.
 DATA ?=
 ifneq ($(DATA),)
 export CONVS2S_DATA := $(abspath $(DATA))

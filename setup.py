@@ -53,6 +53,7 @@ setup(
             "convs2s-align-dict = convs2s_preprocess.align:main",
             "convs2s-postprocess = convs2s_preprocess.postprocess:main",
             "convs2s-recipe = convs2s_recipes.run:main",
+            "convs2s-data = convs2s_recipes.data:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
             "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",

@@ -1,10 +1,11 @@
 """The corpora of the paper's experiments (section 4.1), found in or fetched into a data folder.
 
-Every file has a place in the data folder (``CONVS2S_DATA``, the Makefile's ``DATA=``): a
-file already there is used as it is, so a machine without internet access runs a recipe
-from local copies laid out the same way. A missing file is fetched from its public source
-(statmt.org, OPUS and GitHub files; development and test sets through sacreBLEU's own
-downloader), archives landing in ``DATA/downloads``. Each file is written atomically.
+Every file has a place in the data folder (see :func:`data_root`): a file already there is
+used as it is, so a machine without internet access runs a recipe from local copies laid out
+the same way. A missing file is fetched from its public source (statmt.org, OPUS and GitHub
+files; development and test sets through sacreBLEU's own downloader, which keeps its archives
+in its cache, ``~/.sacrebleu`` or ``SACREBLEU``), archives landing in ``DATA/downloads``. Each
+file is written atomically, and one listed in :data:`SHA256` only if it has the recorded bytes.
 """
 import gzip
 import logging
@@ -19,16 +20,43 @@ import sacrebleu.utils
 
 from convs2s_preprocess.atomic import atomic_outputs
 
-from .download import DownloadError, fetch
+from .download import REMEDY, DownloadError, fetch, mirrored, sha256_of
 
 logger = logging.getLogger(__name__)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def data_root() -> str:
-    """The data folder: ``CONVS2S_DATA`` if set (the Makefile sets it from ``DATA=``), else
-    ``shared/data`` beside the checkout. The one place that default is written."""
-    return os.environ.get("CONVS2S_DATA") or os.path.join(os.path.dirname(REPO), "shared", "data")
+    """The data folder, the one place this rule is written: ``CONVS2S_DATA`` when set (the
+    Makefile sets it from ``DATA=``); else ``shared/data`` beside the checkout where that folder
+    exists (this project's own machines); else the user's cache folder, ``$XDG_CACHE_HOME/convs2s``
+    or ``~/.cache/convs2s``. Nothing is ever created beside the checkout."""
+    if os.environ.get("CONVS2S_DATA"):
+        return os.environ["CONVS2S_DATA"]
+    shared = os.path.join(os.path.dirname(REPO), "shared", "data")
+    if os.path.isdir(shared):
+        return shared
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "convs2s")
+
+
+# SHA-256 of the files the demo and the default tests read, as they land in the data folder
+# (unpacked), taken from the upstream files: a file that changed upstream is refused, naming
+# it, instead of silently becoming other data. sacreBLEU checks its own archives (MD5).
+SHA256 = {
+    "multi30k/train.en": "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6",
+    "multi30k/train.de": "2c2b73fd2b548fbcde3a875e0a78d6ee94d498bfdee6bd3eae3945779e9ddf72",
+    "multi30k/val.en": "1f2a23d992769b5b3d209b0a10dd0b77c08cceb1f20dfb97ed0aafa49d107227",
+    "multi30k/val.de": "660e09eb7e1da2f856ea13ee5ad3cf6d36b3d5b0b733c857e94c5747a3dfc660",
+    "multi30k/test_2016_flickr.en": "399a4382932c1aadd3ceb9bef1008d388a64c76d4ae4e9d4728c6f4301cac182",
+    "multi30k/test_2016_flickr.de": "4be6b5b3236b79c25475c6bb829800a7ce559e9ba7a1f6c2394fe4d40be46d16",
+    "ro-sts-en-ro/train.en": "4f977090eb8beeb61a76876b1ba60462104633979f2c13f439fb1134a43648a8",
+    "ro-sts-en-ro/train.ro": "ea7ca3d0ca6c2c0ffa70413a2fe006a0aca55c9f467c6f30a4b6dcc731307838",
+}
+
+
+class ChecksumError(DownloadError):
+    """A fetched file whose bytes are not those recorded in :data:`SHA256`."""
 
 
 @dataclass(frozen=True)
@@ -40,17 +68,29 @@ class Source:
     member: Optional[str] = None
     sacrebleu: Optional[Tuple[str, str, str]] = None
 
-    def materialize(self, path, data_dir):
+    def materialize(self, path, data_dir, sha256=None):
+        """Write the file to `path`; with `sha256`, only if its bytes have that digest."""
         with atomic_outputs([path]) as (temp,):
             if self.sacrebleu:
                 test_set, pair, side = self.sacrebleu
-                files = [sacrebleu.utils.get_source_file(test_set, pair)] if side == "src" else \
-                    sacrebleu.utils.get_reference_files(test_set, pair)
+                try:
+                    files = [sacrebleu.utils.get_source_file(test_set, pair)] if side == "src" else \
+                        sacrebleu.utils.get_reference_files(test_set, pair)
+                except OSError as e:
+                    raise DownloadError(f"could not fetch sacreBLEU's test set {test_set} for {path} ({e}): "
+                                        f"{REMEDY}") from None
                 shutil.copyfile(files[0], temp)
                 return
             archive = fetch(self.url, os.path.join(data_dir, "downloads", _file_name(self.url)))
             with _open_member(archive, self.url, self.member) as src, open(temp, "wb") as out:
                 shutil.copyfileobj(src, out)
+            digest = sha256_of(temp) if sha256 else None
+            if digest != sha256:
+                os.remove(archive)
+                raise ChecksumError(
+                    f"{path}: the file from {mirrored(self.url)} has SHA-256 {digest}, not the recorded {sha256}: "
+                    f"it changed upstream or was damaged on the way; {archive} was deleted so that a rerun "
+                    f"downloads it again (a copy you trust placed at {path} is used as it is)")
 
 
 def _file_name(url):
@@ -89,7 +129,7 @@ class Corpus:
             path = f"{prefix}.{lang}"
             if not os.path.exists(path):
                 logger.info("%s is missing: fetching it from its public source", path)
-                source.materialize(path, data_dir)
+                source.materialize(path, data_dir, SHA256.get(f"{self.folder}/{self.name}.{lang}"))
         return prefix
 
 
