@@ -3,12 +3,36 @@ from pathlib import Path
 
 import pytest
 
-from convs2s_recipes.corpora import data_root
+from convs2s_recipes import corpora
+from convs2s_recipes.download import DownloadError
 
 ROOT = Path(__file__).resolve().parents[1]
-# Tests read real corpora from the recipes' data folder (CONVS2S_DATA, the Makefile's DATA=).
-DATA = Path(data_root())
+# Tests read real corpora from the recipes' data folder (corpora.data_root: CONVS2S_DATA, the
+# Makefile's DATA=, else ../shared/data where it exists, else ~/.cache/convs2s).
+DATA = Path(corpora.data_root())
+# What the default suite reads, fetched by pytest_sessionstart when missing: Multi30k en-de (the
+# demo's), RO-STS en-ro and WMT16's newsdev2016/newstest2016 (the en-ro smoke recipe's).
+SMOKE_EN_RO = corpora.EXPERIMENTS["wmt16-en-ro-smoke"]
+MULTI30K = corpora.EXPERIMENTS["multi30k-en-de"]
+TEST_CORPORA = (*MULTI30K.train, MULTI30K.valid, MULTI30K.test,
+                *SMOKE_EN_RO.train, SMOKE_EN_RO.valid, SMOKE_EN_RO.test)
 BIN = Path(sys.executable).parent  # the virtual environment's fairseq-* commands
+
+
+def pytest_sessionstart(session):
+    """Before collection (some tests skip on what DATA holds): fetch the test corpora DATA lacks,
+    or stop the run with one line (pytest's usage error: a setting is wrong, not a test) saying
+    why they cannot be had."""
+    missing = [path for c in TEST_CORPORA for lang in c.sources
+               if not (path := DATA / c.folder / f"{c.name}.{lang}").exists()]
+    if not missing:
+        return
+    session.config.get_terminal_writer().line(f"fetching {len(missing)} test corpus files missing from {DATA}")
+    try:
+        for corpus in TEST_CORPORA:
+            corpus.prefix(str(DATA))
+    except (DownloadError, OSError) as e:  # OSError: the folder cannot be written
+        raise pytest.UsageError(f"the test corpora are not all in {DATA} and could not be fetched: {e}") from None
 
 
 def pytest_configure(config):
@@ -27,8 +51,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def data_dir():
-    if not (DATA / "multi30k" / "train.en").exists():
-        pytest.fail(f"corpora not found in {DATA}: set CONVS2S_DATA to the shared data folder")
+    """The data folder, holding the test corpora (pytest_sessionstart fetched what it lacked)."""
     return DATA
 
 
