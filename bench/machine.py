@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from fairseq_convs2s_ext.tasks.convs2s_translation import cpu_has_native_bf16
+from fairseq_convs2s_ext.hardware import cpu_has_native_bf16
 
 
 def native_bf16(device="cpu"):

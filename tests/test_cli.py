@@ -6,7 +6,7 @@ import pytest
 
 from cli_helpers import PAPER_OPTIONS, hypotheses, run, valid_losses, write_lines
 from conftest import BIN, ROOT
-from fairseq_convs2s_ext.tasks.convs2s_translation import cpu_has_native_bf16
+from fairseq_convs2s_ext.hardware import cpu_has_native_bf16
 
 NO_NATIVE_BF16 = "this CPU has no native bf16: --autocast-bf16 is refused here"
 

@@ -121,13 +121,19 @@ def test_batch_without_target_tokens_gives_no_nan(setup):
     assert mixed.get_smoothed_values() == alone.get_smoothed_values()
 
 
+IMPLEMENTATIONS = ["fused", "blockwise"]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_blockwise_loss_and_gradient_equal_fairseqs(eps):
-    """Against fairseq's label_smoothed_nll_loss over log_softmax, with more rows than one
-    block, padding rows, and upstream gradients on both outputs."""
+def test_loss_and_gradient_equal_fairseqs(eps, implementation):
+    """Each implementation against fairseq's label_smoothed_nll_loss over log_softmax, with
+    more rows than one block, padding rows, and an upstream gradient on each row's loss
+    (and on its nll, which only the blockwise one differentiates)."""
     from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-    from fairseq_convs2s_ext.criterions.blockwise_cross_entropy import ROWS, label_smoothed_cross_entropy
+    from fairseq_convs2s_ext.criterions.blockwise_cross_entropy import ROWS
+    from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
 
     torch.manual_seed(0)
     rows, vocab = 2 * ROWS + 17, 50
@@ -135,34 +141,85 @@ def test_blockwise_loss_and_gradient_equal_fairseqs(eps):
     target = torch.randint(0, vocab, (rows,))
     target[::7] = PAD
     upstream_loss, upstream_nll = torch.rand(rows, dtype=torch.float64), torch.rand(rows, dtype=torch.float64)
+    if implementation == "fused":
+        upstream_nll.zero_()
 
     expected = label_smoothed_nll_loss(torch.log_softmax(x, -1), target, eps, ignore_index=PAD, reduce=False)
     expected = [t.view(-1) for t in expected]
     ((expected[0] * upstream_loss).sum() + (expected[1] * upstream_nll).sum()).backward()
     expected_grad, x.grad = x.grad.clone(), None
 
-    loss, nll = label_smoothed_cross_entropy(x, target, eps, PAD)
+    loss, nll = label_smoothed_cross_entropy(x, target, eps, PAD, implementation, reduce=False)
     torch.testing.assert_close(loss.double(), expected[0].detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(nll.double(), expected[1].detach(), rtol=1e-6, atol=1e-6)
-    ((loss * upstream_loss).sum() + (nll * upstream_nll).sum()).backward()
+    objective = (loss * upstream_loss).sum()
+    if nll.requires_grad:
+        objective = objective + (nll * upstream_nll).sum()
+    objective.backward()
     torch.testing.assert_close(x.grad, expected_grad, rtol=1e-5, atol=1e-6)
     assert x.grad[::7].abs().max() == 0  # padding rows get no gradient
+    summed = label_smoothed_cross_entropy(x, target, eps, PAD, implementation)
+    torch.testing.assert_close(summed, (loss.sum(), nll.sum()))
 
 
-def test_blockwise_loss_reads_bf16_logits_in_fp32():
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_loss_reads_low_precision_logits_in_fp32(implementation, dtype):
     from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-    from fairseq_convs2s_ext.criterions.blockwise_cross_entropy import label_smoothed_cross_entropy
+    from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
 
     torch.manual_seed(0)
-    x = (4 * torch.randn(300, 40)).bfloat16().requires_grad_()
+    x = (4 * torch.randn(300, 40)).to(dtype).requires_grad_()
     target = torch.randint(2, 40, (300,))
-    loss, _ = label_smoothed_cross_entropy(x, target, 0.1, PAD)
+    loss, _ = label_smoothed_cross_entropy(x, target, 0.1, PAD, implementation, reduce=False)
     exact = x.detach().double().requires_grad_()
     expected, _ = label_smoothed_nll_loss(torch.log_softmax(exact, -1), target, 0.1, ignore_index=PAD, reduce=False)
-    assert loss.dtype == torch.float  # not rounded to bf16
+    assert loss.dtype == torch.float  # not rounded to the logits' dtype
     torch.testing.assert_close(loss.double(), expected.view(-1).detach(), rtol=1e-6, atol=1e-5)
     loss.sum().backward()
     expected.sum().backward()
-    assert x.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-3)  # bf16 rounding only
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-3)  # rounding to dtype only
+
+
+@pytest.mark.parametrize("candidates", [False, True])
+def test_both_implementations_give_the_criterion_the_same_loss_nll_and_gradients(setup, candidates):
+    """Through the criterion, with padding and (vocabulary selection) a batch's candidates."""
+    model, task = setup
+    sample = make_sample(extra_padding=2)
+    if candidates:  # the specials, the gold targets and a few other words
+        sample["candidates"] = torch.tensor([0, 1, 2, 3, 5, 6, 7, 8, 9, 11])
+    results = []
+    for implementation in IMPLEMENTATIONS:
+        criterion = ConvS2SCrossEntropyCriterion(task, 0.1, implementation)
+        model.zero_grad(set_to_none=True)
+        loss, size, log = criterion(model, sample)
+        loss.backward()
+        results.append((loss.detach(), log["nll_loss"], size, [p.grad.clone() for p in model.parameters()]))
+    (fused_loss, fused_nll, fused_size, fused_grads), (loss, nll, size, grads) = results
+    torch.testing.assert_close(fused_loss, loss)
+    torch.testing.assert_close(fused_nll, nll)
+    assert fused_size == size == 7
+    for fused_grad, grad in zip(fused_grads, grads):
+        torch.testing.assert_close(fused_grad, grad, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_takes_the_implementation_measured_faster_on_the_device(monkeypatch):
+    from fairseq_convs2s_ext import hardware
+    from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
+
+    calls = []
+    for name in ("fused", "blockwise"):
+        monkeypatch.setitem(hardware.FASTEST, ("loss", "cpu"), name)
+        x = torch.randn(10, 20, requires_grad=True)
+        loss, nll = label_smoothed_cross_entropy(x, torch.randint(2, 20, (10,)), 0.1, PAD, reduce=False)
+        calls.append(type(nll.grad_fn).__name__ if nll.grad_fn is not None else None)
+    assert calls[0] is None and calls[1].startswith("BlockwiseLabelSmoothedCrossEntropy")
+    assert hardware.fastest("loss", "cuda") == "fused" and hardware.fastest("loss", "mps") == hardware.FASTEST["loss", "cpu"]
+
+
+def test_an_unknown_implementation_is_refused(setup):
+    _, task = setup
+    with pytest.raises(ValueError, match="--loss-implementation must be one of auto, fused, blockwise"):
+        ConvS2SCrossEntropyCriterion(task, 0.1, "fast")

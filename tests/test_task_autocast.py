@@ -5,12 +5,8 @@ import torch
 from fairseq.optim.nag import FairseqNAG, FairseqNAGConfig
 
 from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
-from fairseq_convs2s_ext.tasks.convs2s_translation import (
-    Bf16UnsupportedError,
-    ConvS2STranslationConfig,
-    ConvS2STranslationTask,
-    cpu_has_native_bf16,
-)
+from fairseq_convs2s_ext.hardware import Bf16UnsupportedError, cpu_has_native_bf16
+from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
 from model_helpers import build, random_tokens
 
 needs_native_bf16 = pytest.mark.skipif(

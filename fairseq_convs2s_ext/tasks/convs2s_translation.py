@@ -52,17 +52,20 @@ each through a task hook:
   is CUDA only. The backward pass runs outside autocast, as torch recommends. On a CPU
   without native bf16 (torch's oneDNN reports no bf16 support, e.g. AVX2 only), bf16 matrix
   multiplies are emulated and run hundreds of times slower than fp32, so a model on such a
-  CPU is refused (:class:`Bf16UnsupportedError`) instead of crawling in silence.
+  CPU is refused (:class:`~fairseq_convs2s_ext.hardware.Bf16UnsupportedError`) instead of
+  crawling in silence.
+- ``train_step``, ``valid_step``: with ``--compile``, the model runs under ``torch.compile``
+  (:mod:`fairseq_convs2s_ext.compilation`).
 
 Reaching into fairseq: ``add_args`` changes the constant of fairseq's ``--replace-unk``
 option (``parser._actions``: argparse has no public way to change an added option), because
 fairseq-generate reads that value as a file before any task hook runs; a test fails if
 fairseq's option changes.
 """
+import contextlib
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -73,31 +76,11 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from ..checkpoints import check_config
+from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
-
-
-class Bf16UnsupportedError(RuntimeError):
-    """``--autocast-bf16`` asked for on a CPU whose matrix multiplies have no bf16 path."""
-
-
-@lru_cache(maxsize=None)
-def cpu_has_native_bf16() -> bool:
-    """Whether torch's oneDNN runs bf16 matrix multiplies natively on this CPU (AVX512-BF16,
-    AMX); elsewhere they are emulated, hundreds of times slower than fp32."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def check_bf16_runs_fast(device_type: str) -> None:
-    """Refuse bf16 autocast for a model on a CPU without native bf16 (GPUs are left alone)."""
-    if device_type == "cpu" and not cpu_has_native_bf16():
-        raise Bf16UnsupportedError(
-            f"--autocast-bf16: this CPU has no native bf16 (torch CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 unsupported), where bf16 "
-            f"matrix multiplies run hundreds of times slower than fp32; run without "
-            f"--autocast-bf16 (fp32), or on a GPU or a CPU with AVX512-BF16 or AMX"
-        )
+from ..hardware import check_bf16_runs_fast
 
 
 @dataclass
@@ -133,6 +116,16 @@ class ConvS2STranslationConfig(TranslationConfig):
                           "matrix multiplies, fp32 weights, optimizer state and loss; refused on "
                           "a CPU without native bf16 (AVX512-BF16 or AMX)"},
     )
+    compile: bool = field(
+        default=False,
+        metadata={"help": "train and validate with the model under torch.compile (dynamic shapes; "
+                          "compile time and recompilations are logged)"},
+    )
+    compile_mode: str = field(
+        default="default",
+        metadata={"help": "torch.compile's mode with --compile; reduce-overhead uses CUDA graphs "
+                          "(with --required-seq-len-multiple to keep the shapes few)", "choices": MODES},
+    )
 
 
 @register_task("convs2s_translation", dataclass=ConvS2STranslationConfig)
@@ -147,6 +140,7 @@ class ConvS2STranslationTask(TranslationTask):
         self._interactive_lines_read = 0  # input lines before the current buffer
         self._collated = deque()  # interactive batches collated and not yet translated
         self.vocabulary_selection = None
+        self.compiled = CompiledModels(cfg.compile_mode) if cfg.compile else None
         if cfg.vocab_rest_clusters < 0:
             raise SelectionOptionError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be "
                                        f"negative: 0 for the softmax over the candidates alone, or a "
@@ -321,23 +315,33 @@ class ConvS2STranslationTask(TranslationTask):
         return dict(sample, candidates=candidates)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, and
-        the batch's candidates with ``--vocab-selection``."""
+        """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, the
+        batch's candidates with ``--vocab-selection``, the compiled model with ``--compile``."""
         if self.vocabulary_selection is not None:
             sample = self._with_candidates(sample, training=True)
-        if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
-            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
-        model.train()
-        model.set_num_updates(update_num)
-        with self._autocast(model):
-            loss, sample_size, logging_output = criterion(model, sample)
-        if ignore_grad:
-            loss *= 0
-        optimizer.backward(loss)
-        return loss, sample_size, logging_output
+        with self._compiled(model, sample) as model:
+            if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
+                return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+            model.train()
+            model.set_num_updates(update_num)
+            with self._autocast(model):
+                loss, sample_size, logging_output = criterion(model, sample)
+            if ignore_grad:
+                loss *= 0
+            optimizer.backward(loss)
+            return loss, sample_size, logging_output
 
     def valid_step(self, sample, model, criterion):
         if self.vocabulary_selection is not None:
             sample = self._with_candidates(sample, training=True)
-        with self._autocast(model):
+        with self._compiled(model, sample) as model, self._autocast(model):
             return super().valid_step(sample, model, criterion)
+
+    @contextlib.contextmanager
+    def _compiled(self, model, sample):
+        """``model``, or with ``--compile`` its compiled form, the step's compilation logged."""
+        if self.compiled is None:
+            yield model
+            return
+        with self.compiled.logged(sample):
+            yield self.compiled(model)
