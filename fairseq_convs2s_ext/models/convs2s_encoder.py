@@ -41,7 +41,7 @@ class ConvS2SEncoder(FairseqEncoder):
         values scaled by sqrt(0.5) as fconv does; the paper does not, see ``scaling``)."""
         e = self.embed(src_tokens)
         padding_mask = src_tokens.eq(self.padding_idx)
-        if not padding_mask.any():
+        if not torch.compiler.is_compiling() and not padding_mask.any():  # compiled: no branch on the data
             padding_mask = None
         x = self.fc1(e)
         for residual_projection, convolution in zip(self.residual_projections, self.convolutions):

@@ -1,0 +1,59 @@
+"""``--compile``: training and validation run the model under ``torch.compile``.
+
+The model is compiled once, on its first batch, with dynamic shapes: batches of other sizes
+and lengths reuse the same compiled code instead of compiling anew (``torch.compile``'s
+default would compile a second time at the second shape, then go dynamic). Sizes of 0 and 1
+are still specialised by torch, so a batch of one sentence, or of one-token targets,
+compiles once more. fairseq's ``--required-seq-len-multiple N`` pads lengths to multiples of
+N, which keeps the shapes few for ``--compile-mode reduce-overhead`` (CUDA graphs, one per
+shape). Every batch that compiled something is logged, with the time it took and the
+number of graphs so far; the numbers computed are eager mode's up to rounding (a test
+checks 1e-5 on the CPU). Generation is not compiled: its incremental state is Python dicts
+that change every step.
+"""
+import contextlib
+import logging
+import time
+import weakref
+
+import torch
+from torch._dynamo.utils import counters
+
+logger = logging.getLogger(__name__)
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+class CompiledModels:
+    """The compiled form of each model a task trains (fairseq hands the task its model at
+    every step), made on first use."""
+
+    def __init__(self, mode: str = "default"):
+        if mode not in MODES:
+            raise ValueError(f"--compile-mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self._compiled = weakref.WeakKeyDictionary()
+
+    def __call__(self, model):
+        compiled = self._compiled.get(model)
+        if compiled is None:
+            compiled = torch.compile(model, dynamic=True, mode=self.mode)
+            self._compiled[model] = compiled
+        return compiled
+
+    @contextlib.contextmanager
+    def logged(self, sample):
+        """Log what compiling the step around it took, if it compiled anything."""
+        graphs, start = graphs_compiled(), time.perf_counter()
+        yield
+        new = graphs_compiled() - graphs
+        if new:
+            tokens = sample.get("net_input", {}).get("src_tokens") if sample else None
+            shape = "" if tokens is None else f" (source batch {tuple(tokens.shape)})"
+            logger.info(f"--compile: {new} graph(s) compiled in {time.perf_counter() - start:.1f} s{shape}; "
+                        f"{graphs_compiled()} in all")
+
+
+def graphs_compiled() -> int:
+    """How many graphs torch.compile has made in this process."""
+    return counters["stats"]["unique_graphs"]
