@@ -38,11 +38,11 @@ class GLUConvolution(nn.Module):
     def forward(self, x, incremental_state=None):
         if incremental_state is not None:
             return self._step(x, incremental_state)
-        k, length = self.kernel_width, x.size(1)
-        if k > 1:
-            x = F.pad(x, (0, 0) + self.padding)
-            x = torch.cat([x[:, j : j + length] for j in range(k)], dim=-1)
-        return F.glu(self.linear(x), dim=-1)
+        k, (batch, length, channels) = self.kernel_width, x.shape
+        if k > 1:  # each position's window of k inputs is k x C consecutive numbers of the padded x
+            windows = F.pad(x, (0, 0) + self.padding).flatten(1).unfold(1, k * channels, channels)
+            x = windows.reshape(batch * length, k * channels)  # copied once, then one product
+        return F.glu(self.linear(x), dim=-1).view(batch, length, -1)
 
     def _step(self, x, incremental_state):
         """One causal step: x is B x 1 x C; the last k inputs are kept in a buffer."""
