@@ -12,6 +12,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks import setup_task
 from fairseq.tasks.translation import TranslationTask
 
@@ -189,6 +190,19 @@ def test_other_searches_keep_fairseq_step(model, generation_options):
     task, models, batches, gen_cfg = setup(model, *generation_options)
     generator = task.build_generator(models, gen_cfg)
     assert generator.lean is None
+
+
+def test_the_beam_step_is_the_one_measured_faster_on_the_device_unless_chosen(model):
+    """On a CPU the lean step (bench/README.md); ``--beam-step stock`` gives fairseq's
+    generator, with the same hypotheses; the lean step itself is tested above."""
+    task, models, batches, gen_cfg = setup(model, "--beam", 5)
+    assert task.beam_step(models) == "lean"
+    lean = task.build_generator(models, gen_cfg)
+    assert type(lean) is LeanSequenceGenerator
+    stock_task, _, _, _ = setup(model, "--beam", 5, "--beam-step", "stock")
+    stock = stock_task.build_generator(models, gen_cfg)
+    assert type(stock) is SequenceGenerator
+    assert_identical(translate(task, stock, models, batches[:2]), translate(task, lean, models, batches[:2]))
 
 
 def fairseq_generate(model, task, *args):

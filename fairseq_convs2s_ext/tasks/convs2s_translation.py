@@ -12,7 +12,8 @@ each through a task hook:
 
 - ``build_generator``: fairseq's generator with the lean beam step (each hypothesis offers
   the search only its 2 x beam best words, which finds the same hypotheses with less work;
-  see :mod:`fairseq_convs2s_ext.generation.lean_beam_step`); with ``--replace-unk``, wrapped in
+  see :mod:`fairseq_convs2s_ext.generation.lean_beam_step`) where it was measured faster
+  (the CPU; ``--beam-step``), else fairseq's own; with ``--replace-unk``, wrapped in
   :class:`~fairseq_convs2s_ext.generation.unknown_words.UnknownWordReplacer`, which does the replacement
   (see that module for the rules). fairseq's own replacement is broken for every model
   (its generator returns no alignment), and the wrapper leaves it nothing to do.
@@ -80,7 +81,10 @@ from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
-from ..hardware import check_bf16_runs_fast
+from ..hardware import check_bf16_runs_fast, fastest
+
+
+BEAM_STEPS = ("auto", "lean", "stock")
 
 
 @dataclass
@@ -116,6 +120,13 @@ class ConvS2STranslationConfig(TranslationConfig):
                           "matrix multiplies, fp32 weights, optimizer state and loss; refused on "
                           "a CPU without native bf16 (AVX512-BF16 or AMX)"},
     )
+    beam_step: str = field(
+        default="auto",
+        metadata={"help": "beam search's step: lean (each hypothesis offers its 2 x beam best words; "
+                          "the same hypotheses with less work on a CPU), stock (fairseq's), or auto: "
+                          "the one measured faster on the model's device; --vocab-selection needs lean",
+                  "choices": BEAM_STEPS},
+    )
     compile: bool = field(
         default=False,
         metadata={"help": "train and validate with the model under torch.compile (dynamic shapes; "
@@ -145,6 +156,10 @@ class ConvS2STranslationTask(TranslationTask):
             raise SelectionOptionError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be "
                                        f"negative: 0 for the softmax over the candidates alone, or a "
                                        f"number of clusters")
+        if cfg.beam_step not in BEAM_STEPS:
+            raise ValueError(f"--beam-step must be one of {', '.join(BEAM_STEPS)}, got {cfg.beam_step!r}")
+        if cfg.vocab_selection is not None and cfg.beam_step == "stock":
+            raise SelectionOptionError("--vocab-selection rides on the lean beam step: leave out --beam-step stock")
         if cfg.vocab_selection is not None:
             self.vocabulary_selection = VocabularySelection.from_file(
                 cfg.vocab_selection, src_dict, tgt_dict, cfg.vocab_most_common, cfg.vocab_top_aligned
@@ -228,7 +243,7 @@ class ConvS2STranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
-        if seq_gen_cls is None:  # fairseq's choice of class, with the lean beam step
+        if seq_gen_cls is None and self.beam_step(models) == "lean":  # fairseq's choice of class, lean
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {})
             seq_gen_cls = LeanSequenceGenerator
             if getattr(args, "print_alignment", False):
@@ -254,6 +269,16 @@ class ConvS2STranslationTask(TranslationTask):
                 model.decoder.make_generation_fast_(need_attn=True)
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
                                    read_align_dict(replace_unk))
+
+    def beam_step(self, models) -> str:
+        """The beam step generation uses for ``models``: ``--beam-step``, where auto is the
+        one measured faster on their device (:mod:`fairseq_convs2s_ext.hardware`); always the
+        lean one with vocabulary selection, which rides on it."""
+        if self.vocabulary_selection is not None:
+            return "lean"
+        if self.cfg.beam_step != "auto":
+            return self.cfg.beam_step
+        return fastest("beam step", next(models[0].parameters()).device.type)
 
     def _rest_clusters(self, decoder):
         """The clusters of the words that selection may leave out, for ``decoder``'s output
