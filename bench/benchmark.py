@@ -286,7 +286,7 @@ def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection
 def run_memory(args, data_bin, task, fconv, fconv_args, results):
     from fairseq.checkpoint_utils import torch_persistent_save
 
-    from fairseq_convs2s_ext.cli.import_fconv import convert_checkpoint
+    from fairseq_convs2s_ext.checkpoints.fconv_import import convert_checkpoint
 
     fresh, fresh_args = new_fconv(task, args.arch, args.dropout)
     with tempfile.TemporaryDirectory() as tmp:

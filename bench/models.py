@@ -8,7 +8,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 import fairseq_convs2s_ext  # noqa: F401  (registers convs2s)
-from fairseq_convs2s_ext.cli.import_fconv import convert_checkpoint
+from fairseq_convs2s_ext.checkpoints.fconv_import import convert_checkpoint
 
 from .training import SETTINGS
 

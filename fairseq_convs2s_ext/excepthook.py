@@ -11,17 +11,27 @@ replacement is broken for every model (an IndexError in ``utils.replace_unk``); 
 which the task reports when fairseq sets it up. None of their hooks runs
 around those loads, so the plugin reports them where Python reports an uncaught exception:
 :func:`install_excepthook` puts a ``sys.excepthook`` in front of the one in place, which
-prints ``PROGRAM: error: PATH: why`` for these errors and hands every other one on
-unchanged. The file is found in the traceback: the one ``torch.load`` was reading, or the
-``--replace-unk`` file fairseq was reading.
+prints ``PROGRAM: error: PATH: why`` for these errors (:func:`describe`; a checkpoint's
+problem as the plugin's commands word it, :func:`..checkpoints.errors.why_unreadable`) and
+hands every other one on unchanged. The file is found in the traceback: the one
+``torch.load`` was reading (its argument ``f``), or the ``--replace-unk`` file fairseq was
+reading.
+
+The hook is installed for commands only, never by importing the package into a program of
+one's own, whose errors stay its own. The plugin's commands that load checkpoints through
+fairseq (convs2s-plot-attention, convs2s-recipe) install it in their ``main``; the others read
+them with :func:`..checkpoints.load_checkpoint` and report its errors themselves. fairseq's
+commands offer no hook for it: they import ``--user-dir`` with ``utils.import_user_module``,
+which fairseq's hub calls in a program of one's own too, and run nothing of a plugin's for
+the command as such. So the package installs the hook as it is imported if
+:func:`runs_fairseq_command`: if the program Python runs is fairseq's own, a console script
+``fairseq-*`` or ``python -m fairseq_cli.COMMAND``.
 """
 import os
-import pickle
 import sys
-import zipfile
 from typing import Optional
 
-from .checkpoints.errors import CheckpointError
+from .checkpoints.errors import CheckpointError, why_unreadable
 from .data.source_text import SourceTextError
 from .data.vocabulary_selection import CandidatesFileError, SelectionOptionError
 from .generation.unknown_words import AlignDictError, read_align_dict
@@ -93,19 +103,17 @@ def describe(exc: BaseException, tb) -> Optional[str]:
         path = checkpoint_being_read(ours.__traceback__)
         return f"{path}: {ours}" if path else str(ours)
     path = checkpoint_being_read(tb)
-    if path is None:
-        return None
-    unsafe_global = next((line for line in str(exc).splitlines() if "GLOBAL" in line), None)
-    if isinstance(exc, pickle.UnpicklingError) and unsafe_global:
-        return (f"{path}: refused: it holds objects other than tensors and fairseq's "
-                f"configuration, which could run code when loaded ({unsafe_global.strip()})")
-    if isinstance(exc, (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile,
-                        ValueError, KeyError, IndexError, UnicodeDecodeError)):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return (f"{path}: not a readable checkpoint ({first}). It is truncated (a disk that "
-                f"filled up while it was written or copied) or not a PyTorch file: use another "
-                f"checkpoint of the run, e.g. checkpoint_last.pt or checkpointN.pt")
-    return None
+    return None if path is None else why_unreadable(exc, path)
+
+
+def runs_fairseq_command() -> bool:
+    """Whether the program Python runs is one of fairseq's commands: its console script
+    (``sys.argv[0]`` named ``fairseq-generate``, ``fairseq-train``, ...) or ``python -m
+    fairseq_cli.generate``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return spec.name.startswith("fairseq_cli.")
+    return bool(sys.argv) and os.path.basename(sys.argv[0]).startswith("fairseq-")
 
 
 def install_excepthook() -> None:

@@ -152,7 +152,7 @@ def test_layer_attention_is_each_decoder_layers_attention(bpe_model):
 def test_plot_attention_draws_each_layer_and_the_average(bpe_model, tmp_path):
     from matplotlib.image import imread
 
-    from fairseq_convs2s_ext.cli.plot_attention import plot_attention
+    from fairseq_convs2s_ext.attention_plot import plot_attention
 
     prepared, checkpoints = bpe_model
     hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared)

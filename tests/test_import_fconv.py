@@ -15,6 +15,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from fairseq_convs2s_ext.checkpoints.fconv_import import convert_checkpoint
 from fairseq_convs2s_ext.cli import import_fconv
 from fairseq_convs2s_ext.models import ConvS2SModel
 from fairseq_convs2s_ext.modules import parse_layers
@@ -204,7 +205,7 @@ def test_released_architectures_map_onto_convs2s(arch, embed_dim, widths):
     with torch.device("meta"):
         model, args, task = build_fconv(arch, vocab=100)
     d = task.source_dictionary
-    state = import_fconv.convert_checkpoint(argparse_checkpoint(model, args), d, d, "meta.pt")
+    state = convert_checkpoint(argparse_checkpoint(model, args), d, d, "meta.pt")
     assert state["args"].arch == "convs2s" and state["args"].encoder_embed_dim == embed_dim
     assert [w for w, _ in parse_layers(state["args"].decoder_layers)] == widths
     assert state["args"].max_source_positions == MAX_POSITIONS - 2  # the same usable length as fconv

@@ -22,10 +22,14 @@ checkpoint with ``torch.load``: fairseq-generate, fairseq-interactive, fairseq-t
 A configuration stored as plain dicts needs no allowed class: torch loads it without the
 plugin too, and fairseq evaluates it on its own paths. :func:`check_config` refuses such
 strings where the plugin builds a model (``convs2s_translation``, convs2s-import-fconv).
+
+The plugin's own commands read checkpoints with :func:`load_checkpoint`, which names the file
+and the problem when one cannot be read.
 """
 import argparse
 import ast
 import collections
+import os
 import typing
 from collections.abc import Mapping
 
@@ -35,7 +39,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, EnumNode, FloatNode, IntegerNode, StringNode
 
-from .errors import CheckpointRefused
+from .errors import CheckpointRefused, UnreadableCheckpoint, why_unreadable
 
 # The largest sequence a stored string may build by repetition: [(512, 3)] * 20 is 20.
 MAX_REPETITION = 10**6
@@ -144,3 +148,20 @@ SAFE_GLOBALS = [
 
 def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def load_checkpoint(path) -> dict:
+    """A fairseq checkpoint read with torch's safe unpickler (no code in the file can run), or
+    :class:`UnreadableCheckpoint` naming the file and what to do."""
+    if not os.path.isfile(path):
+        raise UnreadableCheckpoint(f"{path}: no such file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = why_unreadable(e, path)
+        if reason is None:
+            raise
+        raise UnreadableCheckpoint(reason) from None
+    if not isinstance(state, Mapping) or not isinstance(state.get("model"), Mapping):
+        raise UnreadableCheckpoint(f"{path}: not a fairseq checkpoint (no 'model' state dict)")
+    return dict(state)

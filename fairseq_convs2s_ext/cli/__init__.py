@@ -1,1 +1,2 @@
-"""The plugin's console commands (``convs2s-*``), each a library part and a ``main``."""
+"""The plugin's console commands (``convs2s-*``): each its arguments and a ``main``, over the
+library modules that do the work."""

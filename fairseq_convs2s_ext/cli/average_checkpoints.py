@@ -1,56 +1,15 @@
-"""``convs2s-average-checkpoints``: a checkpoint whose weights are the mean of several.
+"""``convs2s-average-checkpoints``: a checkpoint whose weights are the mean of several
+(:mod:`..checkpoints.averaging`), written atomically.
 
     convs2s-average-checkpoints --inputs checkpoints/checkpoint9.pt checkpoints/checkpoint10.pt -o averaged.pt
     convs2s-average-checkpoints --inputs checkpoints --num-epoch-checkpoints 5 -o averaged.pt
-
-The average fairseq's ``scripts/average_checkpoints.py`` computes, which the fairseq package
-does not install, and which loads checkpoints with torch's ``weights_only`` unpickler without
-the configuration classes fairseq stores in them (it fails on ``argparse.Namespace``). Here
-the checkpoints load under that unpickler with the plugin's allowed classes
-(:mod:`..checkpoints.safe_loading`), through convs2s-import-fconv's ``load_checkpoint``, which
-names the file and the problem when one cannot be read. As in fairseq's script, every other entry of the output
-(configuration, optimizer state, training progress) is the first checkpoint's, and integer
-buffers are floor-divided. The output is written atomically.
 """
 import argparse
 import os
-import re
 import sys
 
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")
-
-
-def last_checkpoints(folder, count, pattern):
-    """The ``count`` checkpoints of ``folder`` with the highest numbers (epoch or update)."""
-    numbered = sorted((int(m[1]), name) for name in os.listdir(folder) if (m := pattern.fullmatch(name)))
-    if len(numbered) < count:
-        raise ValueError(f"{folder}: {len(numbered)} checkpoints of the form {pattern.pattern}, {count} requested")
-    return [os.path.join(folder, name) for _, name in numbered[-count:]]
-
-
-def average_checkpoints(paths):
-    """The first checkpoint with its model weights replaced by the mean over ``paths``."""
-    import torch
-
-    from .import_fconv import load_checkpoint
-
-    states = [load_checkpoint(path) for path in paths]
-    keys = list(states[0]["model"])
-    for path, state in zip(paths[1:], states[1:]):
-        if list(state["model"]) != keys:
-            raise ValueError(f"{path}: its parameters are not those of {paths[0]}: not the same model")
-    averaged = {}
-    for key in keys:
-        tensors = [state["model"][key] for state in states]
-        if tensors[0].is_floating_point():
-            averaged[key] = (torch.stack([t.float() for t in tensors]).sum(dim=0) / len(tensors)).to(tensors[0].dtype)
-        elif all(torch.equal(t, tensors[0]) for t in tensors[1:]):
-            averaged[key] = tensors[0]  # counters and dictionary fingerprints: the same in every one
-        else:
-            raise ValueError(f"{key} differs between the checkpoints ({', '.join(paths)}): they are not "
-                             f"the same model trained with the same dictionaries")
-    return dict(states[0], model=averaged)
+from ..checkpoints import CheckpointError
+from ..checkpoints.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT, average_checkpoints, last_checkpoints
 
 
 def parser():
@@ -83,7 +42,7 @@ def main(argv=None):
         else:
             paths = args.inputs
         state = average_checkpoints(paths)
-    except ValueError as e:  # load_checkpoint's ImportFconvError too
+    except (ValueError, CheckpointError) as e:
         print(f"convs2s-average-checkpoints: error: {e}", file=sys.stderr)
         return 1
     from fairseq.checkpoint_utils import torch_persistent_save
