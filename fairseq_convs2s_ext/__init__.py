@@ -7,15 +7,19 @@ torch's safe ``weights_only`` unpickler while refusing any whose configuration c
 code; and reports a checkpoint that cannot be used in one line instead of a traceback (see
 :mod:`.checkpoints` and :mod:`.excepthook`).
 """
+import os
+
 from .checkpoints import allow_fairseq_checkpoints
 from .excepthook import install_excepthook
 from .hydra_configs import register_base_config
 
+USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
+
 allow_fairseq_checkpoints()
 install_excepthook()
-register_base_config()
+register_base_config(USER_DIR)
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402
 
-__all__ = ["ConvS2SModel"]
+__all__ = ["USER_DIR", "ConvS2SModel"]

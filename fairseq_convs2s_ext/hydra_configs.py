@@ -12,15 +12,12 @@ which makes hydra import it while composing. Importing it registers:
   the primary config too, which makes hydra warn that the YAML "is validated against
   ConfigStore schema with the same name" whenever the YAML lies at the top of the config folder.
 """
-import os
-
 from fairseq.dataclass.configs import CommonConfig, FairseqConfig
 from hydra.core.config_store import ConfigStore
 
 BASE_CONFIG = "fairseq_with_convs2s"
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def register_base_config():
-    ConfigStore.instance().store(name=BASE_CONFIG, node=FairseqConfig(common=CommonConfig(user_dir=USER_DIR)),
+def register_base_config(user_dir: str):
+    ConfigStore.instance().store(name=BASE_CONFIG, node=FairseqConfig(common=CommonConfig(user_dir=user_dir)),
                                  provider="fairseq_convs2s_ext")

@@ -5,7 +5,7 @@ the recipe's YAML in recipes/configs/recipe, plus any ``key=value`` overrides) -
 length-normalized scores, every test sentence) -> score -> ``report.md`` and ``report.json`` in the
 work folder. A word-level recipe with ``replace_unk`` (``multi30k-unk``) also builds the alignment
 dictionary and translates again with ``--replace-unk``, and reports both scores and the
-replacements (see :mod:`recipes.unknown_words`). Every step resumes: prepared files are kept,
+replacements (see :mod:`convs2s_recipes.unknown_words`). Every step resumes: prepared files are kept,
 fairseq resumes training from checkpoint_last.
 
 ``--smoke`` runs the same recipe with a tiny model and a few updates, to check the whole pipeline:
@@ -30,14 +30,13 @@ from convs2s_preprocess.textio import read_lines
 
 from . import corpora, score, unknown_words
 from .download import DownloadError
+from .settings import CONFIG_DIR
 
-# Imported where used, so that `convs2s-recipe --help` answers at once: preprocess.pipeline and
-# preprocess.tokenize (sacremoses), hydra, fairseq.
+# Imported where used, so that `convs2s-recipe --help` answers at once: convs2s_preprocess.pipeline
+# and convs2s_preprocess.tokenize (sacremoses), hydra, fairseq and the plugin.
 
 logger = logging.getLogger("convs2s-recipe")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(ROOT, "recipes", "configs")
-USER_DIR = os.path.join(ROOT, "fairseq_convs2s_ext")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -136,6 +135,8 @@ def generate(recipe, data_bin, checkpoint, work, align_dict=None):
 
     With ``align_dict``, unknown words are replaced (``--replace-unk``): the task reads the test
     text that convs2s-prepare keeps beside the binaries as fairseq's raw text."""
+    from fairseq_convs2s_ext import USER_DIR
+
     output = os.path.join(work, "generate-test-replace-unk.txt" if align_dict else "generate-test.txt")
     inputs = [checkpoint] + ([align_dict] if align_dict else [])
     if not os.path.exists(output) or os.path.getmtime(output) < max(map(os.path.getmtime, inputs)):

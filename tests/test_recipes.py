@@ -153,7 +153,8 @@ def test_smoke_mode_trains_the_tiny_model(name):
     from hydra import compose, initialize_config_dir
 
     import fairseq_convs2s_ext  # noqa: F401  (the model configs hydra composes from)
-    from convs2s_recipes.run import CONFIG_DIR, SMOKE_OVERRIDES
+    from convs2s_recipes.run import SMOKE_OVERRIDES
+    from convs2s_recipes.settings import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.1"):
         cfg = compose(config_name=f"recipe/{name}", overrides=["task.data=/unused", *SMOKE_OVERRIDES])

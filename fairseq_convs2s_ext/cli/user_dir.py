@@ -4,7 +4,8 @@ With the package installed, ``fairseq-train --user-dir "$(convs2s-user-dir)" ...
 from any directory.
 """
 import argparse
-import os
+
+from .. import USER_DIR
 
 
 def main(argv=None):
@@ -13,7 +14,7 @@ def main(argv=None):
         description="Print the folder of the ConvS2S plugin, for fairseq's --user-dir: "
                     'fairseq-train --user-dir "$(convs2s-user-dir)" ... works from any directory.',
     ).parse_args(argv)
-    print(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package, above cli/
+    print(USER_DIR)
 
 
 if __name__ == "__main__":
