@@ -4,20 +4,22 @@ Importing the package registers the ``convs2s`` model and its architectures, the
 ``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq (and
 their configs with hydra, see :mod:`.hydra_configs`); lets fairseq's checkpoints load under
 torch's safe ``weights_only`` unpickler while refusing any whose configuration could run
-code; and reports a checkpoint that cannot be used in one line instead of a traceback (see
-:mod:`.checkpoints` and :mod:`.excepthook`).
+code (see :mod:`.checkpoints`). Imported by one of fairseq's commands as its ``--user-dir``,
+it also reports a checkpoint or file that cannot be used in one line instead of a traceback
+(see :mod:`.excepthook`); imported into any other program, it leaves ``sys.excepthook`` alone.
 """
 import os
 
 from .checkpoints import allow_fairseq_checkpoints
-from .excepthook import install_excepthook
+from .excepthook import install_excepthook, runs_fairseq_command
 from .hydra_configs import register_base_config
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
 
 allow_fairseq_checkpoints()
-install_excepthook()
 register_base_config(USER_DIR)
+if runs_fairseq_command():
+    install_excepthook()
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402

@@ -249,6 +249,10 @@ def main(argv=None):
     args = parser().parse_intermixed_args(argv)
     from hydra.errors import HydraException
 
+    from fairseq_convs2s_ext.excepthook import install_excepthook
+
+    install_excepthook()  # a checkpoint that cannot be read as training resumes: one line
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
     suffix = ("-smoke" if args.smoke else "") + ("-no-bt" if args.no_backtranslation else "")
     work = args.work or os.path.join(ROOT, "work", args.name + suffix)
