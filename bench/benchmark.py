@@ -14,6 +14,8 @@ from fconv with convs2s-import-fconv's conversion.
    hypotheses are identical, BLEU. Translates with a trained fconv (--checkpoint, or
    one trained once by fairseq-train into the cache, see bench/reference.py).
 3. Peak memory of each workload, each in a process of its own (see bench/memory.py).
+4. Operators that compute in a training update and a beam-5 step (bench/operators.py): on a
+   GPU each is a kernel launch, which bounds a model of this size.
 
 The machine's measured matrix-multiply GFLOP/s is printed so the fraction of peak can be
 read. --quick runs a few updates and sentences (minutes, a smoke test, not a measurement).
@@ -36,6 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.data import DATASETS, candidates, prepare, test_text
 from bench.generation import GenerationRun, generation_batches, generation_options, model_scores, translate_in_turns
 from bench.machine import cpu_description, matmul_gflops, native_bf16
+from bench.operators import count as count_operators
 from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
                           translation_task)
 from bench.reference import reference_checkpoint
@@ -82,7 +85,7 @@ def parse_args(argv=None):
                    help="passes over the test set, batch by batch in turns; each batch's best time counts")
     p.add_argument("--checkpoint", help="trained fconv checkpoint for generation (default: the cached reference)")
     p.add_argument("--reference-epochs", type=int, default=5, help="epochs of the reference fconv (trained once, cached)")
-    p.add_argument("--skip", default="", help="comma-separated phases to skip: train,generate,memory")
+    p.add_argument("--skip", default="", help="comma-separated phases to skip: train,operators,generate,memory")
     p.add_argument("--profile", action="store_true", help="print torch.profiler tables of one batch each")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
@@ -417,6 +420,11 @@ def main(argv=None):
     try:  # a failing phase still leaves the table of the others
         if "train" not in skip:
             run_training(args, task, lean_task, selection_task, results)
+            save()
+        if "operators" not in skip:  # what bounds a GPU at this size: kernel launches
+            fresh, fresh_args = new_fconv(task, args.arch, args.dropout)
+            for name, row in count_operators(task, lean_task, fresh, fresh_args, args.max_tokens).items():
+                results.setdefault(name, {}).update(row)
             save()
         if not {"generate", "memory"} <= skip or args.profile:
             if args.checkpoint:

@@ -71,62 +71,59 @@ def generation_operators(run, sample):
     return counter, steps
 
 
+def count(task, lean_task, fconv, fconv_args, max_tokens=4000, batch_size=16):
+    """{run: {metric: operators that compute}}: a training update of fconv and of ours with the
+    fused loss (the GPU's; the blockwise one, the CPU's, apart), and a beam-5 decoder step of
+    fconv, ours with fairseq's step (the GPU's) and ours with the lean step (the CPU's)."""
+    from bench.generation import GenerationRun, generation_batches, generation_options
+    from bench.models import convs2s_like, fconv_copy
+    from bench.training import SETTINGS, TrainingRun, training_batches
+    from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
+
+    def ours_training(loss):
+        criterion = ConvS2SCrossEntropyCriterion(task, SETTINGS.criterion.label_smoothing, loss)
+        return TrainingRun("ours", convs2s_like(fconv, fconv_args, task), task, criterion=criterion)
+
+    sample = training_batches(task, max_tokens, 1)[0]
+    training = {"fconv": TrainingRun("fconv", fconv_copy(fconv, fconv_args, task), task),
+                "ours": ours_training("fused"), "ours, blockwise loss": ours_training("blockwise")}
+    results = {}
+    for name, run in training.items():
+        forward, backward = training_operators(run, sample)
+        results[name] = {"train operators, forward": forward.kernels, "train operators, backward": backward.kernels}
+    batch = generation_batches(task, batch_size, limit=1)[0]
+    options = generation_options(5, 1.2, 10)
+    generation = {"fconv": GenerationRun("fconv", fconv_copy(fconv, fconv_args, task), task, options),
+                  "ours, stock search": GenerationRun("stock", convs2s_like(fconv, fconv_args, task), task, options),
+                  "ours": GenerationRun("lean", convs2s_like(fconv, fconv_args, task), lean_task, options)}
+    for name, run in generation.items():
+        counter, steps = generation_operators(run, batch)
+        results.setdefault(name, {})["beam 5 operators a step"] = counter.kernels / steps
+    return results
+
+
 def main(argv=None):
     from bench.data import prepare
-    from bench.generation import GenerationRun, generation_batches, generation_options
-    from bench.models import convs2s_like, convs2s_task, fconv_copy, new_fconv, translation_task
-    from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
-    from bench.training import SETTINGS, TrainingRun, training_batches
+    from bench.models import convs2s_task, new_fconv, translation_task
+    from bench.training import SETTINGS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="demo", choices=["demo", "words"])
     p.add_argument("--arch", default="fconv_iwslt_de_en")
     p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=16, help="sentences translated (beam 5)")
-    p.add_argument("--top", type=int, default=0, help="also list each run's N most frequent operators")
     args = p.parse_args(argv)
     data_bin = prepare(args.data)
-    task, lean_task = translation_task(data_bin), convs2s_task(data_bin)
+    task, lean_task = translation_task(data_bin), convs2s_task(data_bin, beam_step="lean")
     fconv, fconv_args = new_fconv(task, args.arch, SETTINGS.model.dropout)
-    print(f"arch {args.arch}, one batch of {args.max_tokens} tokens (training), {args.batch_size} sentences at "
-          f"beam 5 (generation, up to 1.2 x source + 10 tokens); operators that compute (views and "
-          f"allocations left out), all dispatched in brackets")
-    sample = training_batches(task, args.max_tokens, 1)[0]
-    runs = [TrainingRun("fconv", fconv_copy(fconv, fconv_args, task), task)]
-    for loss in ("fused", "blockwise"):  # the loss measured faster on a GPU, and on a CPU
-        criterion = ConvS2SCrossEntropyCriterion(task, SETTINGS.criterion.label_smoothing, loss)
-        runs.append(TrainingRun(f"ours, {loss} loss", convs2s_like(fconv, fconv_args, task), task, criterion=criterion))
-    rows = {}
-    for run in runs:
-        forward, backward = training_operators(run, sample)
-        rows[run.name] = {"train forward": forward, "train backward": backward}
-    batch = generation_batches(task, args.batch_size, limit=1)[0]
-    options = generation_options(5, 1.2, 10)
-    generation = [GenerationRun("fconv", fconv_copy(fconv, fconv_args, task), task, options),
-                  GenerationRun("ours, stock search", convs2s_like(fconv, fconv_args, task), task, options),
-                  GenerationRun("ours, lean step", convs2s_like(fconv, fconv_args, task), lean_task, options)]
-    for run in generation:
-        counter, steps = generation_operators(run, batch)
-        rows.setdefault(run.name, {})["generation, per step"] = (counter, steps)
-    phases = ["train forward", "train backward", "generation, per step"]
-    print(f"{'':24}" + "".join(f"{phase:>24}" for phase in phases))
-    for name, row in rows.items():
-        cells = []
-        for phase in phases:
-            value = row.get(phase)
-            if value is None:
-                cells.append("-")
-            elif isinstance(value, tuple):
-                counter, steps = value
-                cells.append(f"{counter.kernels / steps:.0f} ({counter.total / steps:.0f})")
-            else:
-                cells.append(f"{value.kernels} ({value.total})")
-        print(f"{name:24}" + "".join(f"{c:>24}" for c in cells))
-    if args.top:
-        for name, row in rows.items():
-            for phase, value in row.items():
-                counter = value[0] if isinstance(value, tuple) else value
-                print(f"\n{name}, {phase}: " + ", ".join(f"{op} {n}" for op, n in counter.most_common(args.top)))
+    results = count(task, lean_task, fconv, fconv_args, args.max_tokens, args.batch_size)
+    print(f"arch {args.arch}; operators that compute (views and allocations left out): a training update "
+          f"of {args.max_tokens} tokens (ours: the fused loss, the GPU's), a beam-5 step of {args.batch_size} "
+          f"sentences (ours: the lean step, the CPU's)")
+    metrics = ["train operators, forward", "train operators, backward", "beam 5 operators a step"]
+    print(f"{'':22}" + "".join(f"{m:>28}" for m in metrics))
+    for name, row in results.items():
+        print(f"{name:22}" + "".join(f"{row[m]:>28.0f}" if m in row else f"{'-':>28}" for m in metrics))
 
 
 if __name__ == "__main__":
