@@ -123,19 +123,19 @@ def test_projected_sources_follow_the_sentences_of_a_beam_search():
             sources = model.decoder.get_incremental_state(state, "projected_sources")
             assert (sources is not None) == shared
             if shared:
-                assert sources["rows"] == len(sources["layers"][0]["values"]) == 2
+                assert sources.rows == len(sources.layers[0].values) == 2
             outputs.append([out for out, _ in logits])
     for folded, own in zip(*outputs):
         torch.testing.assert_close(folded, own, atol=1e-5, rtol=1e-5)
 
 
 def test_the_decoder_reorders_every_module_that_keeps_state():
-    """A beam's reorder visits the decoder and its convolutions (its own list, instead of
+    """A beam's reorder visits the decoder, its convolutions and W_o (its own list, instead of
     fairseq's search through every module at every step): those are all the modules that
     keep state, in the order fairseq's search would visit them."""
     model, _ = build(**ODD_SHAPES)
     keep_state = [m for m in model.decoder.modules() if hasattr(m, "reorder_incremental_state")]
-    assert keep_state == [model.decoder, *model.decoder.convolutions]
+    assert keep_state == [model.decoder, *model.decoder.convolutions, model.decoder.output_projection]
 
 
 @pytest.mark.parametrize("overrides", [dict(), ODD_SHAPES])
@@ -165,8 +165,8 @@ def test_the_first_convolution_is_looked_up_per_word_met(overrides):
     torch.testing.assert_close(logits[:, 3:], after[:, 3:], atol=1e-5, rtol=1e-5)
     assert rows == [1] * tgt.size(1)  # the positions' part only
     table = model.decoder.get_incremental_state(state, "word_products")
-    assert table["met"] == len(tgt.unique())
-    assert (table["index"] >= 0).sum() == table["met"]
+    assert table.seen == len(tgt.unique())
+    assert (table.index >= 0).sum() == table.seen
 
 
 def test_with_dropout_kept_in_generation_the_first_convolution_is_computed():
@@ -207,7 +207,7 @@ def test_reused_logits_are_the_output_layer_s_in_one_tensor(folded):
 
 
 def test_reused_logits_are_not_used_under_autocast():
-    """Under autocast the output layer is fc3's own, in the low-precision dtype."""
+    """Under autocast the output layer is F.linear's, in the low-precision dtype."""
     model, d = build()
     model.eval()
     tgt = random_tokens(d, 3, 1)

@@ -94,7 +94,7 @@ def test_incremental_step_buffers_only_k_inputs():
             model.decoder(tgt[:, : t + 1], encoder_out, incremental_state=state)
     first, *others = model.decoder.convolutions
     assert first.get_incremental_state(state, "window") is None
-    assert model.decoder.get_incremental_state(state, "word_products")["met"] == len(tgt.unique())
+    assert model.decoder.get_incremental_state(state, "word_products").seen == len(tgt.unique())
     for conv in others:
         window = conv.get_incremental_state(state, "window")
         if conv.kernel_width == 1:
@@ -195,7 +195,7 @@ def test_initial_weights_follow_the_papers_formulas():
     check(_weight(enc.convolutions[1].linear), math.sqrt(4 * p / (3 * 256)))
     check(_weight(enc.residual_projections[1]), math.sqrt(1 / 256))
     check(_weight(enc.fc2), math.sqrt(1 / 512))
-    check(_weight(dec.fc3), math.sqrt(p / 256))  # input: the dropped-out decoder output
+    check(_weight(dec.output_projection), math.sqrt(p / 256))  # input: the dropped-out decoder output
     check(_weight(dec.attention[0].in_projection), math.sqrt(1 / 256))
     for name, param in model.named_parameters():
         if name.endswith("bias"):
@@ -267,8 +267,8 @@ def test_folded_output_layer_keeps_the_model_s_dtype():
     is made where the model's weights are, in their dtype."""
     model, d = build()
     model.double().make_generation_fast_()
-    assert model.decoder.fc3.weight.dtype == model.decoder.fc3.bias.dtype == torch.float64
-    assert model.decoder.fc3.weight.device == model.decoder.embed.tokens.weight.device
+    assert model.decoder.output_projection.weight.dtype == model.decoder.output_projection.bias.dtype == torch.float64
+    assert model.decoder.output_projection.weight.device == model.decoder.embed.tokens.weight.device
 
 
 def test_fc2_is_not_folded_when_dropout_is_kept_in_generation():

@@ -30,7 +30,7 @@ def run_steps(autocast):
     criterion = ConvS2SCrossEntropyCriterion(task, 0.1)
     optimizer = FairseqNAG(FairseqNAGConfig(lr=[0.25]), list(model.parameters()))
     dtypes = []
-    model.decoder.fc3.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    model.decoder.output_projection.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
     s = sample(d)
     loss, _, _ = task.train_step(s, model, criterion, optimizer, update_num=0)
     grads = {p.grad.dtype for p in model.parameters() if p.grad is not None}

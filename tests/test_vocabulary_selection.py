@@ -117,7 +117,7 @@ def test_per_sentence_candidates_translate_each_sentence_as_alone():
     model, d = build(vocab=80)
     model.eval()
     with torch.no_grad():  # end sentences early and at different steps
-        model.decoder.fc3.bias[d.eos()] += 0.15
+        model.decoder.output_projection.bias[d.eos()] += 0.15
     src = random_tokens(d, 6, 7)
     generator = LeanSequenceGenerator([model], d, beam_size=3, max_len_b=12)
     specials = torch.arange(d.nspecial)
@@ -168,23 +168,23 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
         logits, _ = decoder(prev, encoder_out, state, candidates=candidates)
         full, _ = decoder(prev, encoder_out, full_state)
     assert_each_sentence_scores_its_words(logits, full, candidates, beam)
-    kept = decoder.get_incremental_state(state, "candidate_rows")
-    assert len(kept["every_hypothesis"][0]) == shared + 2 and kept["weight"].shape == (3, 4, decoder.fc3.in_features)
-    assert kept["absent"].isinf().tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
+    kept = decoder.output_projection.get_incremental_state(state, "candidate_rows")
+    assert len(kept.shared_weight) == shared + 2 and kept.own_weight.shape == (3, 4, decoder.output_projection.in_features)
+    assert kept.absent.isinf().tolist() == [[False] * shared + [False, True], [False] * (shared + 2),
                                                [False] * shared + [True, False]]
     everything_state = {}
     with torch.no_grad():  # every word in every row: W_o's own rows, no rows gathered
         everything, _ = decoder(prev, encoder_out, everything_state, candidates=torch.arange(len(d)).expand(3, -1))
     torch.testing.assert_close(everything, full)
-    rows = decoder.get_incremental_state(everything_state, "candidate_rows")
-    assert rows["weight"].numel() == 0 and rows["absent"] is None
-    storage = kept["weight"].data_ptr()
+    rows = decoder.output_projection.get_incremental_state(everything_state, "candidate_rows")
+    assert rows.own_weight.numel() == 0 and rows.absent is None
+    storage = kept.own_weight.data_ptr()
     new_order = torch.tensor([1, 0, 5, 4])  # sentence 1 finished
     decoder.reorder_incremental_state_scripting(state, new_order)
     decoder.reorder_incremental_state_scripting(full_state, new_order)
-    kept = decoder.get_incremental_state(state, "candidate_rows")
-    assert kept["weight"].data_ptr() == storage and len(kept["weight"]) == 2
-    torch.testing.assert_close(kept["weight"][1, :4], decoder.fc3.weight[own[2]])
+    kept = decoder.output_projection.get_incremental_state(state, "candidate_rows")
+    assert kept.own_weight.data_ptr() == storage and len(kept.own_weight) == 2
+    torch.testing.assert_close(kept.own_weight[1, :4], decoder.output_projection.weight[own[2]])
     prev = torch.tensor([[d.eos(), 45], [d.eos(), 20], [d.eos(), 50], [d.eos(), 52]])
     encoder_out = encoder_out_of(model, src[[0, 2]], beam)
     with torch.no_grad():  # the next step: each sentence left still scores its own words
@@ -304,7 +304,7 @@ def test_training_loss_is_the_cross_entropy_over_the_candidates(smoothing):
     torch.manual_seed(1)  # the same dropout masks in both passes
     loss, sample_size, logging = criterion(model, dict(sample, candidates=candidates))
     loss.backward()
-    selected_grad = model.decoder.fc3.parametrizations.weight.original1.grad.clone()
+    selected_grad = model.decoder.output_projection.parametrizations.weight.original1.grad.clone()
     model.zero_grad()
     torch.manual_seed(1)
     logits = model(**sample["net_input"])[0][..., candidates]
@@ -316,7 +316,7 @@ def test_training_loss_is_the_cross_entropy_over_the_candidates(smoothing):
     torch.testing.assert_close(logging["nll_loss"], expected_nll, rtol=1e-5, atol=1e-5)
     assert sample_size == sample["ntokens"]
     expected.backward()
-    torch.testing.assert_close(selected_grad, model.decoder.fc3.parametrizations.weight.original1.grad)
+    torch.testing.assert_close(selected_grad, model.decoder.output_projection.parametrizations.weight.original1.grad)
     unselected = torch.ones(len(d), dtype=torch.bool)
     unselected[candidates] = False
     assert selected_grad[unselected].abs().sum() == 0 and selected_grad[candidates].abs().sum() > 0
@@ -417,14 +417,14 @@ def test_the_rest_of_the_vocabulary_is_estimated_from_clusters_of_the_output_row
     always = task.vocabulary_selection.always
     rest = torch.ones(len(d), dtype=torch.bool)
     rest[always] = False
-    clusters = task.vocabulary_selection.cluster_rest(model.decoder.fc3, 8)
+    model.decoder.output_projection.estimate_rest(always, 8)
+    clusters = model.decoder.output_projection.rest_clusters.labels
     assert clusters[always].eq(-1).all() and set(clusters[rest].tolist()) == set(range(8))
-    model.decoder.estimate_rest(clusters)
     no_own_words = always[None]  # a sentence with the words every sentence has only
-    h = torch.randn(1, 1, model.decoder.fc3.in_features)
+    h = torch.randn(1, 1, model.decoder.output_projection.in_features)
     with torch.no_grad():
-        logits = model.decoder.output_layer(h, no_own_words)[0, 0]
-        full = model.decoder.fc3(h)[0, 0]
+        logits = model.decoder.output_projection(h, no_own_words)[0, 0]
+        full = model.decoder.output_projection(h)[0, 0]
     assert logits.size(0) == len(always) + 8
     torch.testing.assert_close(logits[:len(always)], full[always])
     for c in range(8):

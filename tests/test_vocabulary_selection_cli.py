@@ -86,7 +86,7 @@ def test_every_word_a_candidate_gives_the_full_vocabulary_translations(model):
     assert len(hypotheses(full)) == 2 * TEST_LINES
     assert hypotheses(every_word) == hypotheses(full)
     # the scores up to rounding: each sentence's candidates are scored by other matrix
-    # multiplies (ConvS2SDecoder.output_layer); the positional scores are printed with 4
+    # multiplies (OutputProjection.forward); the positional scores are printed with 4
     # decimals, which a last bit can flip
     assert len(scores(full)) > 2 * TEST_LINES
     assert scores(every_word) == pytest.approx(scores(full), abs=1.5e-4)

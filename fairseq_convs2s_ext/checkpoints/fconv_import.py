@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import torch
 
 from ..modules import parse_attention, parse_layers
+from ..modules.output_projection import FCONV_NAME
 from .dictionaries import fingerprint
 from .errors import CheckpointError, CheckpointRefused
 from .safe_loading import check_config, load_checkpoint
@@ -115,7 +116,7 @@ def _weight_norm_layer(sd, prefix, convolution):
 def _rename(key):
     side, rest = key.split(".", 1)
     for old, new in (("embed_tokens.", "embed.tokens."), ("embed_positions.", "embed.positions."),
-                     ("projections.", "residual_projections.")):
+                     ("projections.", "residual_projections."), (f"{FCONV_NAME}.", "output_projection.")):
         if rest.startswith(old):
             return f"{side}.{new}{rest[len(old):]}"
     return key

@@ -2,7 +2,7 @@
 (unknown-word replacement) and the candidate target words of vocabulary selection."""
 from .source_text import SourceTextDataset, SourceTextError, raw_lines
 from .vocabulary_selection import (NO_WORD, CandidatesFileError, SelectionOptionError, VocabularySelection,
-                                   local_indices, sentences_kept)
+                                   local_indices)
 
 __all__ = ["NO_WORD", "CandidatesFileError", "SelectionOptionError", "SourceTextDataset", "SourceTextError",
-           "VocabularySelection", "local_indices", "raw_lines", "sentences_kept"]
+           "VocabularySelection", "local_indices", "raw_lines"]

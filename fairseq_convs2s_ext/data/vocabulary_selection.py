@@ -32,14 +32,12 @@ words that the output layer scores for every hypothesis first, in one column of 
 
 In generation the softmax's normaliser also counts the probability mass of the words left
 out, estimated from clusters of the output layer's rows
-(:meth:`VocabularySelection.cluster_rest`), so that a hypothesis's scores stay close to the
-full vocabulary's. fairseq-lua normalised over the
-candidates alone (``--vocab-rest-clusters 0``). That raises every score by the mass left
-out, most at the steps where the model is unsure, and so favours longer hypotheses through
-uncertain steps: on Multi30k BPE (500/100), the full model's scores of selection's
-hypotheses fall short of its own best by 0.038 nats a word with the softmax over the
-candidates alone and by 0.026 with the estimate, as much as with the full normaliser
-(bench/README.md).
+(``OutputProjection.estimate_rest`` in :mod:`fairseq_convs2s_ext.modules.output_projection`,
+over the words outside :attr:`VocabularySelection.always`), so that a hypothesis's scores
+stay close to the full vocabulary's. fairseq-lua normalised over the candidates alone
+(``--vocab-rest-clusters 0``). That raises every score by the mass left out, most at the
+steps where the model is unsure, and so favours longer hypotheses through uncertain steps
+(bench/README.md measures the score deficit either way in the run of aa38a54).
 
 The candidates file holds one line per source word, ``source target1 count1 target2 count2
 ...``, targets ranked by count. Words outside the model's dictionaries are skipped, as
@@ -153,34 +151,6 @@ class VocabularySelection:
         by_count = torch.sort(target_counts[nspecial:], descending=True, stable=True).indices + nspecial
         self.always = torch.cat([torch.arange(nspecial), by_count[:most_common].sort().values])  # every sentence's
 
-    def cluster_rest(self, output_layer, clusters: int, seed: int = 0) -> torch.Tensor:
-        """A cluster for each word of a model's output layer (an ``nn.Linear``: rows of W_o
-        and b_o) that a sentence's candidates may lack, the words other than the specials and
-        the most common, and -1 for those: k-means (scikit-learn's) of the rows
-        [W_o | b_o] into ``clusters`` clusters, or each word its own where there are no more
-        words than that.
-
-        A cluster c of n_c words, m_c of them a sentence's candidates, then stands for the
-        mass of its others in the softmax's normaliser with one logit,
-        log(n_c - m_c) + mean_{w in c}(W_o)_w h + mean_{w in c}(b_o)_w,
-        the log of n_c - m_c times the exponential of the members' mean logit. For all n_c
-        members (m_c = 0) it is a lower bound of their log-sum-exp (Jensen's inequality), and
-        for a cluster of one word it is that word's logit: with every word its own cluster
-        the normaliser is the full vocabulary's."""
-        weight, bias = output_layer.weight, output_layer.bias
-        labels = torch.full((weight.size(0),), -1, dtype=torch.long)
-        rest = torch.ones(weight.size(0), dtype=torch.bool)
-        rest[self.always.cpu()] = False
-        words = int(rest.sum())
-        if words <= clusters:
-            labels[rest] = torch.arange(words)
-            return labels
-        from sklearn.cluster import KMeans
-
-        rows = torch.cat([weight[rest], bias[rest, None]], dim=1).detach().float().cpu().numpy()
-        labels[rest] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
-        return labels
-
     @classmethod
     def from_file(cls, path: str, src_dict, tgt_dict, most_common: int, top_aligned: int):
         if most_common < 0 or top_aligned < 0:
@@ -188,7 +158,7 @@ class VocabularySelection:
                                        f"({top_aligned}) must not be negative")
         return cls(*read_candidates(path, src_dict, tgt_dict, top_aligned), tgt_dict.nspecial, most_common)
 
-    def _on(self, device):
+    def _moved_to(self, device):
         """The table of aligned words and the ids of the words every sentence has, moved once
         to the device of the batches."""
         if self.aligned.device != device:
@@ -198,7 +168,7 @@ class VocabularySelection:
     def candidates(self, src_tokens: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The sorted target ids of a batch's candidates; ``target`` (its gold target words,
         in training) adds them. On the device of ``src_tokens``."""
-        aligned, always = self._on(src_tokens.device)
+        aligned, always = self._moved_to(src_tokens.device)
         chosen = torch.zeros(self.vocab_size, dtype=torch.bool, device=src_tokens.device)
         chosen[always] = True
         chosen[aligned[src_tokens.unique()].view(-1)] = True
@@ -213,7 +183,7 @@ class VocabularySelection:
         words that at least 1 in :data:`COMMON_SHARE` of the sentences have, in id order, with
         :data:`NO_WORD` in the rows of the sentences without them. Then each sentence's other
         words in id order, padded with :data:`NO_WORD` to the longest row."""
-        aligned, always = self._on(src_tokens.device)
+        aligned, always = self._moved_to(src_tokens.device)
         sentences = src_tokens.size(0)
         chosen = torch.zeros(sentences, self.vocab_size, dtype=torch.bool, device=src_tokens.device)
         chosen.scatter_(1, aligned[src_tokens].view(sentences, -1).long(), True)
@@ -227,16 +197,6 @@ class VocabularySelection:
         others = torch.full((sentences, int(counts.max())), NO_WORD, dtype=torch.long, device=rows.device)
         others[rows, columns] = words
         return torch.cat([head, others], dim=1)
-
-
-def sentences_kept(new_order: torch.Tensor, beam: int, sentences: int) -> Optional[torch.Tensor]:
-    """The sentences that a beam search's reordering of hypothesis rows keeps (fairseq's
-    ``new_order``, in which a sentence's ``beam`` hypotheses are consecutive rows and the
-    sentences keep their order): their places among the ``sentences`` before, or None when
-    no sentence finished."""
-    if new_order.numel() == sentences * beam:
-        return None
-    return new_order[::beam] // beam
 
 
 def local_indices(candidates: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

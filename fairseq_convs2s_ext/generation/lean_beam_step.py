@@ -36,8 +36,8 @@ tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
 Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
 same mechanism: the models score only the candidate words (the batch's, or each sentence's),
 the best words of each row are chosen among them, and the table maps them back to full
-dictionary ids. With a sentence's own candidates, the ensemble (and each decoder, for its rows
-of W_o) drops the sentences that finish as fairseq reorders the hypotheses
+dictionary ids. With a sentence's own candidates, the ensemble (and each decoder's W_o, for its
+rows) drops the sentences that finish as fairseq reorders the hypotheses
 (``reorder_incremental_state``), so that every sentence's rows are scored against its own words.
 """
 import contextlib
@@ -48,8 +48,8 @@ import torch
 from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, SequenceGeneratorWithAlignment
 
-from ..data.vocabulary_selection import sentences_kept
 from ..models import ConvS2SModel
+from ..modules.beam_reordering import sentences_kept
 from . import top_log_probs
 
 CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
@@ -65,7 +65,7 @@ class LocalVocabularyEnsemble(EnsembleModel):
     ``words`` holds, after each step, the global id of every local column (hypotheses x
     local width), for :class:`LocalVocabularyBeamSearch`. The logits' last ``not_words``
     columns are not words (the decoders' estimate of the words outside each sentence's
-    candidates, ``ConvS2SDecoder.estimate_rest``): they count in the softmax, never among
+    candidates, ``OutputProjection.estimate_rest``): they count in the softmax, never among
     the best words.
     """
 
@@ -83,7 +83,7 @@ class LocalVocabularyEnsemble(EnsembleModel):
         """The candidates of the next call: None (every word), the batch's (1-D), or each
         sentence's (a row each, in the batch's order)."""
         self.candidates = candidates
-        not_words = {model.decoder.rest_columns(candidates) for model in self.models}
+        not_words = {model.decoder.output_projection.rest_columns(candidates) for model in self.models}
         if len(not_words) != 1:
             raise ValueError("an ensemble's decoders estimate the words outside the candidates "
                              "with different numbers of clusters")
@@ -116,7 +116,7 @@ class LocalVocabularyEnsemble(EnsembleModel):
     def last_logits(self, tokens, encoder_outs, incremental_states, temperature: float):
         """Each model's logits of the last position (hypotheses x V, or x candidates), divided
         by the temperature unless it is 1, and its decoder's extra outputs. Each step's
-        logits live in one tensor per model (the decoder's ``reuse_logits``): no hypotheses x V
+        logits live in one tensor per model (W_o's ``reuse_logits``): no hypotheses x V
         tensor is allocated per step."""
         logits, extras = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):

@@ -77,7 +77,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, candidates=None):
         """Logits over the target vocabulary, or over ``candidates`` (target ids, see
-        ``ConvS2SDecoder.output_layer``) with vocabulary selection, and the decoder's attention."""
+        ``OutputProjection.forward``) with vocabulary selection, and the decoder's attention."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out, candidates=candidates)
 

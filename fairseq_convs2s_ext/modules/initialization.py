@@ -21,13 +21,13 @@ def Embedding(num_embeddings, embedding_dim, padding_idx):
     return m
 
 
-def Linear(in_features, out_features, dropout=0.0, glu=False):
+def Linear(in_features, out_features, dropout=0.0, glu=False, layer=nn.Linear):
     """A weight-normalized linear layer whose input is dropped with probability `dropout`.
 
     `glu=True` marks a layer whose 2d outputs feed a GLU, which halves the variance
-    (hence the factor 4 in the paper's formula).
+    (hence the factor 4 in the paper's formula). `layer`: the class of linear layer.
     """
-    m = nn.Linear(in_features, out_features)
+    m = layer(in_features, out_features)
     retain = 1.0 - dropout
     nn.init.normal_(m.weight, 0, math.sqrt((4 if glu else 1) * retain / in_features))
     nn.init.zeros_(m.bias)

@@ -1,10 +1,20 @@
 """Multi-step attention: each decoder layer attends on its own (section 3.3)."""
+from typing import NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .initialization import Linear
 from .scaling import SQRT_HALF, scaled_sum
+
+
+class ProjectedSource(NamedTuple):
+    """One layer's projections of the source (:meth:`MultiStepAttention.project_source`),
+    a row per row of the encoder output."""
+    keys: torch.Tensor  # W_d^T z_j
+    key_bias: torch.Tensor  # b_d . z_j, -inf at padding
+    values: torch.Tensor  # W_c (z_j + e_j) times m * sqrt(1/m)
 
 
 class MultiStepAttention(nn.Module):
@@ -48,14 +58,14 @@ class MultiStepAttention(nn.Module):
                 scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         else:  # the key bias is -inf at padding
             g = (target_embedding * SQRT_HALF).reshape(*by_source, target_embedding.size(-1))
-            scores = torch.baddbmm(source["key_bias"].unsqueeze(1), g, keys.transpose(1, 2))
-            scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source["keys"].transpose(1, 2))
+            scores = torch.baddbmm(source.key_bias.unsqueeze(1), g, keys.transpose(1, 2))
+            scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source.keys.transpose(1, 2))
         a = torch.softmax(scores.float(), dim=-1).type_as(scores)
         if source is None:
             c = torch.bmm(a, values) * conditional_input_scale(keys, padding_mask)
             out = self.out_projection(c.view(batch, steps, -1))
         else:
-            out = torch.baddbmm(self.out_projection.bias, a, source["values"]).view(batch, steps, -1)
+            out = torch.baddbmm(self.out_projection.bias, a, source.values).view(batch, steps, -1)
         return scaled_sum(out, h), a.view(batch, steps, -1)
 
     def project_source(self, encoder_out):
@@ -68,11 +78,11 @@ class MultiStepAttention(nn.Module):
         key_bias = torch.matmul(keys, self.in_projection.bias).mul_(SQRT_HALF)
         if padding_mask is not None:
             key_bias.masked_fill_(padding_mask, float("-inf"))
-        return {
-            "keys": torch.matmul(keys, self.in_projection.weight).mul_(SQRT_HALF),
-            "key_bias": key_bias,
-            "values": F.linear(values, self.out_projection.weight).mul_(conditional_input_scale(keys, padding_mask)),
-        }
+        return ProjectedSource(
+            keys=torch.matmul(keys, self.in_projection.weight).mul_(SQRT_HALF),
+            key_bias=key_bias,
+            values=F.linear(values, self.out_projection.weight).mul_(conditional_input_scale(keys, padding_mask)),
+        )
 
 
 def conditional_input_scale(keys, padding_mask):

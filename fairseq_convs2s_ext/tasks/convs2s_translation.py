@@ -260,7 +260,8 @@ class ConvS2STranslationTask(TranslationTask):
             )
         if self.vocabulary_selection is not None:
             for model in models:
-                model.decoder.estimate_rest(self._rest_clusters(model.decoder))
+                model.decoder.output_projection.estimate_rest(self.vocabulary_selection.always,
+                                                              self.cfg.vocab_rest_clusters)
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
@@ -279,13 +280,6 @@ class ConvS2STranslationTask(TranslationTask):
         if self.cfg.beam_step != "auto":
             return self.cfg.beam_step
         return fastest("beam step", next(models[0].parameters()).device.type)
-
-    def _rest_clusters(self, decoder):
-        """The clusters of the words that selection may leave out, for ``decoder``'s output
-        layer (``--vocab-rest-clusters``), or None."""
-        if self.cfg.vocab_rest_clusters == 0:
-            return None
-        return self.vocabulary_selection.cluster_rest(decoder.fc3, self.cfg.vocab_rest_clusters)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
