@@ -19,7 +19,7 @@ WORK ?=
 ARGS ?=
 RECIPE = $(PY) -m convs2s_recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
-.PHONY: install test test-slow demo clean \
+.PHONY: install test test-slow gpu-check demo clean \
 	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword recipe-multi30k-unk
 
 # A virtual environment inside the checkout, built from nothing. torch is installed first
@@ -45,6 +45,14 @@ test: install
 # The real runs that take longer than the default suite.
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+# On a machine with a GPU: the CUDA tests, then fconv against ours with fairseq-train and
+# fairseq-generate (fp32 and fp16, 4000 and 12000 tokens, wmt_en_ro and wmt_en_de), one table
+# with the GPU's name (bench/gpu.py; GPU_ARGS="--compile" adds ours under torch.compile).
+GPU_ARGS ?=
+gpu-check: install
+	$(PY) -m pytest -q -m cuda tests
+	$(PY) -m bench.gpu $(GPU_ARGS)
 
 # The main job: Multi30k en-de, a small ConvS2S trained for about 15 minutes on CPU,
 # beam-5 translation of test_2016_flickr and its sacreBLEU.

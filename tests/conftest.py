@@ -37,6 +37,7 @@ def pytest_sessionstart(session):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long real runs, excluded by default (run with -m slow)")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device, skipped without one (make gpu-check runs them)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,99 @@
+"""On a GPU: the model, the losses, generation's choice of step, fp16 and --compile.
+
+Run by ``make gpu-check`` (``pytest -m cuda``); skipped where torch sees no CUDA device.
+"""
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
+from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
+from fairseq_convs2s_ext.generation import LeanSequenceGenerator
+from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
+from model_helpers import build, random_tokens
+from test_compile import batch, train
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+PAD = 1
+
+
+def test_the_model_computes_on_the_gpu_what_it_computes_on_the_cpu():
+    torch.manual_seed(0)
+    model, d = build(dropout=0.0)
+    sample = batch(d, 6, 9, 7)
+    criterion = ConvS2SCrossEntropyCriterion(TranslationTask(TranslationConfig(), d, d), 0.1)
+    results = []
+    for device in ("cpu", "cuda"):
+        model.to(device).zero_grad(set_to_none=True)
+        moved = {"net_input": {k: v.to(device) for k, v in sample["net_input"].items()},
+                 "target": sample["target"].to(device), "ntokens": sample["ntokens"]}
+        loss, _, _ = criterion(model, moved)
+        loss.backward()
+        results.append((loss.item(), [p.grad.cpu() for p in model.parameters()]))
+    (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = results
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)
+    for cpu_grad, gpu_grad in zip(cpu_grads, gpu_grads):
+        torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_both_losses_agree_on_the_gpu_and_auto_takes_the_fused_one(dtype):
+    torch.manual_seed(0)
+    x = (4 * torch.randn(700, 1000, device="cuda")).to(dtype).requires_grad_()
+    target = torch.randint(2, 1000, (700,), device="cuda")
+    target[::5] = PAD
+    outputs = {}
+    for implementation in ("fused", "blockwise", "auto"):
+        x.grad = None
+        loss, nll = label_smoothed_cross_entropy(x, target, 0.1, PAD, implementation)
+        loss.backward()
+        outputs[implementation] = (loss.detach(), nll.detach(), x.grad.clone())
+    for a, b in zip(outputs["fused"], outputs["blockwise"]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-4)
+    assert all(torch.equal(a, b) for a, b in zip(outputs["auto"], outputs["fused"]))
+
+
+def test_fp16_training_step_gives_fp32_s_loss():
+    torch.manual_seed(0)
+    model, d = build(dropout=0.0)
+    model.cuda()
+    sample = batch(d, 6, 9, 7)
+    sample = {"net_input": {k: v.cuda() for k, v in sample["net_input"].items()},
+              "target": sample["target"].cuda(), "ntokens": sample["ntokens"]}
+    task = ConvS2STranslationTask(ConvS2STranslationConfig(replace_unk=None), d, d)
+    criterion = ConvS2SCrossEntropyCriterion(task, 0.1)
+    fp32, _, _ = criterion(model, sample)
+    fp16, _, _ = criterion(model.half(), sample)
+    assert fp16.dtype == torch.float32 and fp16.item() == pytest.approx(fp32.item(), rel=1e-2)
+    fp16.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_generation_takes_the_stock_step_on_the_gpu_with_the_lean_step_s_hypotheses():
+    torch.manual_seed(0)
+    model, d = build(dropout=0.0)
+    model.cuda().eval()
+    task = ConvS2STranslationTask(ConvS2STranslationConfig(replace_unk=None), d, d)
+    assert task.beam_step([model]) == "stock"
+    source = random_tokens(d, 8, 9).cuda()
+    sample = {"net_input": {"src_tokens": source, "src_lengths": torch.full((8,), 9, device="cuda")}}
+    stock = SequenceGenerator([model], d, beam_size=5, max_len_b=12)
+    lean = LeanSequenceGenerator([model], d, beam_size=5, max_len_b=12)
+    for a, b in zip(stock.generate([model], sample), lean.generate([model], sample)):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+        torch.testing.assert_close(torch.stack([h["score"] for h in a]), torch.stack([h["score"] for h in b]))
+
+
+def test_compiled_steps_equal_eager_ones_on_the_gpu():
+    """test_compile's check, with the model and batches on the GPU."""
+    torch._dynamo.reset()
+    torch.set_default_device("cuda")
+    try:
+        shapes = [(4, 7, 6), (3, 9, 8), (5, 6, 11)]
+        eager, eager_valid, _, _ = train(False, shapes)
+        compiled, compiled_valid, _, graphs = train(True, shapes)
+    finally:
+        torch.set_default_device("cpu")
+    assert compiled == pytest.approx(eager, rel=1e-4) and compiled_valid == pytest.approx(eager_valid, rel=1e-4)
+    assert graphs[1:] == [graphs[0]] * (len(shapes) - 1)
