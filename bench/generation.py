@@ -36,18 +36,20 @@ def generation_options(beam, max_len_a=0.0, max_len_b=200):
                               unkpen=0.0, nbest=1)
 
 
-def prepared(model, beam, device):
-    """`model` made ready as fairseq-generate does it (for one beam size: pass a fresh copy)."""
+def prepared(model, beam, device, need_attn=False):
+    """`model` made ready as fairseq-generate does it (for one beam size: pass a fresh copy);
+    ``need_attn``: its attention kept, as with ``--print-alignment``."""
     model = model.to(device).eval()
-    cfg = OmegaConf.create({"generation": {"beam": beam, "no_beamable_mm": False, "print_alignment": None}})
+    cfg = OmegaConf.create({"generation": {"beam": beam, "no_beamable_mm": False,
+                                           "print_alignment": "hard" if need_attn else None}})
     model.prepare_for_inference_(cfg)
     return model
 
 
 class GenerationRun:
-    def __init__(self, name, model, task, options, precision="fp32", device="cpu"):
+    def __init__(self, name, model, task, options, precision="fp32", device="cpu", need_attn=False):
         self.name, self.task, self.precision, self.device = name, task, precision, device
-        self.model = prepared(model, options.beam, device)
+        self.model = prepared(model, options.beam, device, need_attn)
         self.generator = task.build_generator([self.model], options)
         self.times, self.hypotheses = [], {}
 

@@ -59,7 +59,7 @@ def stock_generator(task, models, gen_cfg):
 
 def widths(generator):
     """Record the width of the log-probabilities the lean ensemble hands the search."""
-    ensemble = generator.lean[0]
+    ensemble = generator.model
     recorded, forward = [], ensemble.forward_decoder
 
     def recording(*args, **kwargs):
@@ -112,7 +112,7 @@ def test_lean_step_finds_stock_hypotheses_and_scores(model, generation_options, 
     lean = task.build_generator(models, gen_cfg)
     alignment = "--print-alignment" in generation_options
     assert type(lean) is (LeanSequenceGeneratorWithAlignment if alignment else LeanSequenceGenerator)
-    assert lean.lean is not None
+    assert lean.lean
     recorded, kernel = widths(lean), kernel_calls(monkeypatch)
     lean_hypos = translate(task, lean, models, batches)
     assert set(recorded) == {task.target_dictionary.nspecial + 2 * gen_cfg.beam}  # specials + 2 x beam
@@ -145,7 +145,7 @@ def test_lean_step_with_an_ensemble_averages_as_fairseq(model):
             p.add_(0.05 * torch.randn_like(p))
     ensemble = [models[0], other[0]]
     lean = task.build_generator(ensemble, gen_cfg)
-    assert isinstance(lean.lean[0], LocalVocabularyEnsemble) and lean.lean[0].models_size == 2
+    assert isinstance(lean.model, LocalVocabularyEnsemble) and lean.model.models_size == 2
     recorded = widths(lean)
     lean_hypos = translate(task, lean, ensemble, batches)
     assert recorded and set(recorded) == {task.target_dictionary.nspecial + 10}
@@ -176,7 +176,7 @@ def test_prefix_tokens_fall_back_to_the_stock_step(model):
         assert_identical(task.inference_step(stock, models, sample, prefix_tokens=prefix),
                          task.inference_step(lean, models, sample, prefix_tokens=prefix))
     assert recorded == []
-    assert lean.model is not lean.lean[0] and lean.vocab_size == len(task.target_dictionary)
+    assert lean.full_vocabulary.vocab_size == len(task.target_dictionary)
 
 
 @pytest.mark.parametrize("generation_options", [
@@ -189,7 +189,7 @@ def test_prefix_tokens_fall_back_to_the_stock_step(model):
 def test_other_searches_keep_fairseq_step(model, generation_options):
     task, models, batches, gen_cfg = setup(model, *generation_options)
     generator = task.build_generator(models, gen_cfg)
-    assert generator.lean is None
+    assert not generator.lean
 
 
 def test_the_beam_step_is_the_one_measured_faster_on_the_device_unless_chosen(model):

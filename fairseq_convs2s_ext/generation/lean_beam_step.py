@@ -3,7 +3,8 @@
 fairseq's SequenceGenerator scores every word of the vocabulary at every step: the model's
 log-probabilities (hypotheses x V) get a NaN mask, the hypotheses' cumulative scores added,
 and a top-k over beam x V per sentence, which picks the 2 x beam best continuations. Over a
-10k vocabulary that per-step work costs about a third of beam-5 generation (bench/README.md).
+vocabulary of ten thousand words that per-step work is a large share of beam-5 generation
+(bench/README.md, "Where generation time goes, and its ceiling").
 
 Only a word among the 2 x beam best of its own hypothesis can be among the 2 x beam best
 continuations of a sentence: a word with 2 x beam better words in its row has as many
@@ -24,14 +25,15 @@ in place over the logits, and top-k. Gone are the NaN mask, the sum with the cum
 scores, the temperature division at 1 and the two fresh hypotheses x V tensors of every
 step (the logits live in one tensor, reused).
 
-:class:`LeanSequenceGenerator` is a SequenceGenerator that does this: during a call, its
-model is a :class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose
-global ids it keeps) and its search a :class:`LocalVocabularyBeamSearch` (which maps the
-chosen local columns back to global ids). Everything else is fairseq's own loop. Where the
-argument does not hold, the generator is fairseq's, unchanged: search strategies other than
-plain beam search (sampling, diverse beam, constraints, prefix-allowed tokens,
-``--match-source-len``), ``--no-repeat-ngram-size``, a fused language model, suppressed
-tokens, models other than ConvS2S, and calls with prefix tokens or constraints.
+:class:`LeanSequenceGenerator` is a SequenceGenerator that does this: its model is a
+:class:`LocalVocabularyEnsemble` (log-probabilities over the local vocabularies, whose global
+ids it keeps) and its search a :class:`LocalVocabularyBeamSearch` (which maps the chosen local
+columns back to global ids), both built with the generator. Everything else is fairseq's own
+loop. Where the argument does not hold, the generator is fairseq's, unchanged: search
+strategies other than plain beam search (sampling, diverse beam, constraints, prefix-allowed
+tokens, ``--match-source-len``), ``--no-repeat-ngram-size``, a fused language model,
+suppressed tokens, models other than ConvS2S; and calls with prefix tokens or constraints
+are fairseq's own generator's.
 
 Vocabulary selection (:mod:`fairseq_convs2s_ext.data.vocabulary_selection`) rides on the
 same mechanism: the models score only the candidate words (the batch's, or each sentence's),
@@ -40,7 +42,6 @@ dictionary ids. With a sentence's own candidates, the ensemble (and each decoder
 rows) drops the sentences that finish as fairseq reorders the hypotheses
 (``reorder_incremental_state``), so that every sentence's rows are scored against its own words.
 """
-import contextlib
 import math
 from typing import Optional
 
@@ -79,15 +80,25 @@ class LocalVocabularyEnsemble(EnsembleModel):
         self.words: Optional[torch.Tensor] = None
         self.set_decoder_beam_size(beam_size)
 
-    def select(self, candidates: Optional[torch.Tensor]):
-        """The candidates of the next call: None (every word), the batch's (1-D), or each
-        sentence's (a row each, in the batch's order)."""
+    def select(self, candidates: Optional[torch.Tensor], vocabulary_size: int) -> int:
+        """The candidates of the next call: None (every word of the ``vocabulary_size``), the
+        batch's (1-D), or each sentence's (a row each, in the batch's order). Returns the
+        width of the call's local vocabularies: the specials, then each row's 2 x beam best
+        words (all of them, if the vocabulary or a sentence's candidates are fewer)."""
+        if candidates is None:
+            columns = vocabulary_size
+        elif candidates.dim() == 1:
+            columns = candidates.numel()
+        else:  # the fewest words of a sentence
+            columns = int(candidates.ge(0).sum(1).min())
         self.candidates = candidates
         not_words = {model.decoder.output_projection.rest_columns(candidates) for model in self.models}
         if len(not_words) != 1:
             raise ValueError("an ensemble's decoders estimate the words outside the candidates "
                              "with different numbers of clusters")
         self.not_words = not_words.pop()
+        self.words_per_row = min(CANDIDATE_MULTIPLE * self.beam_size, columns - self.nspecial)
+        return self.nspecial + self.words_per_row
 
     def reorder_incremental_state(self, incremental_states, new_order):
         super().reorder_incremental_state(incremental_states, new_order)
@@ -172,7 +183,15 @@ class LocalVocabularyBeamSearch(search.BeamSearch):
 class LeanSequenceGenerator(SequenceGenerator):
     """fairseq's SequenceGenerator with the lean beam step: beam search over local
     vocabularies (see the module's docstring) wherever it finds the same hypotheses as
-    fairseq's own search, which it is otherwise.
+    fairseq's own search, which it is otherwise (``lean`` False).
+
+    The lean parts are built with the generator: fairseq's ``_generate`` reads the model, the
+    search and the vocabulary's width from ``self``, and here they are the
+    :class:`LocalVocabularyEnsemble` and its :class:`LocalVocabularyBeamSearch`, for good, and
+    the width of the local vocabularies, which each call's candidates set
+    (:meth:`LocalVocabularyEnsemble.select`). Prefix tokens and constraints index the full
+    vocabulary: such calls go to ``full_vocabulary``, fairseq's own generator over the same
+    models with the same options, built alongside, so that no part is swapped for a call.
 
     A sample with ``"candidates"`` (vocabulary selection: target ids, the special symbols
     first at their own ids; the batch's, or a row for each sentence) is translated with its
@@ -182,13 +201,16 @@ class LeanSequenceGenerator(SequenceGenerator):
 
     def __init__(self, models, tgt_dict, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
-        self.lean = None  # (model, search) swapped in during a call
-        if self.lean_step_is_exact(tgt_dict):
-            model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial, self.beam_size)
-            model.eval()
-            self.lean = (model, LocalVocabularyBeamSearch(tgt_dict, model))
-            if len(model.models) == 1 and all(p.device.type == "cpu" for p in model.parameters()):
-                top_log_probs.load()  # built now, if need be, rather than during the first batch
+        self.lean = self.lean_step_is_exact(tgt_dict)
+        self.full_vocabulary: Optional[SequenceGenerator] = None
+        if not self.lean:
+            return
+        self.full_vocabulary = SequenceGenerator(self.model, tgt_dict, **kwargs)
+        model = LocalVocabularyEnsemble(list(self.model.models), tgt_dict.nspecial, self.beam_size)
+        model.eval()
+        self.model, self.search = model, LocalVocabularyBeamSearch(tgt_dict, model)
+        if len(model.models) == 1 and all(p.device.type == "cpu" for p in model.parameters()):
+            top_log_probs.load()  # built now, if need be, rather than during the first batch
 
     def lean_step_is_exact(self, tgt_dict) -> bool:
         """Whether the generator changes log-probabilities only of special symbols (by index)
@@ -206,34 +228,15 @@ class LeanSequenceGenerator(SequenceGenerator):
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         candidates = sample.get("candidates")
-        lean = self.lean is not None and prefix_tokens is None and constraints is None
-        if candidates is not None and not lean:
+        if self.lean and prefix_tokens is None and constraints is None:
+            self.vocab_size = self.model.select(candidates, self.full_vocabulary.vocab_size)
+            return super()._generate(sample, prefix_tokens, constraints, bos_token)
+        if candidates is not None:
             raise ValueError("vocabulary selection needs plain beam search without prefix "
                              "tokens or constraints (--prefix-size, --constraints)")
-        with self._lean_parts(candidates) if lean else contextlib.nullcontext():
-            return super()._generate(sample, prefix_tokens, constraints, bos_token)
-
-    @contextlib.contextmanager
-    def _lean_parts(self, candidates):
-        """The lean model and search, for one call: each row offers its 2 x beam best words
-        (all of them, if the vocabulary or the candidates are fewer)."""
-        model, beam_search = self.lean
-        if candidates is None:
-            columns = self.vocab_size
-        elif candidates.dim() == 1:
-            columns = candidates.numel()
-        else:  # the fewest words of a sentence
-            columns = int(candidates.ge(0).sum(1).min())
-        model.select(candidates)
-        model.words_per_row = min(CANDIDATE_MULTIPLE * self.beam_size, columns - model.nspecial)
-        stock = self.model, self.search, self.vocab_size
-        self.model, self.search, self.vocab_size = model, beam_search, model.nspecial + model.words_per_row
-        try:
-            yield
-        finally:
-            model.select(None)
-            model.words = None
-            self.model, self.search, self.vocab_size = stock
+        if self.lean:  # prefix tokens or constraints: over the full vocabulary
+            return self.full_vocabulary._generate(sample, prefix_tokens, constraints, bos_token)
+        return super()._generate(sample, prefix_tokens, constraints, bos_token)
 
 
 class LeanSequenceGeneratorWithAlignment(SequenceGeneratorWithAlignment, LeanSequenceGenerator):

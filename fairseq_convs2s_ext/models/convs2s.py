@@ -55,6 +55,10 @@ class ConvS2SConfig(FairseqDataclass):
 class ConvS2SModel(FairseqEncoderDecoderModel):
     """Convolutional Sequence to Sequence Learning (Gehring et al., 2017, arXiv 1705.03122)."""
 
+    def __init__(self, encoder, decoder):
+        super().__init__(encoder, decoder)
+        self.fold_weight_norm = True  # see make_generation_fast_
+
     @classmethod
     def build_model(cls, args, task):
         base_architecture(args)  # options still unset, e.g. with --arch convs2s
@@ -92,8 +96,11 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         return from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
 
     def make_generation_fast_(self, **kwargs):
-        """Fold weight normalization into plain weights: generation needs no g and v."""
+        """Fold weight normalization into plain weights (unless ``fold_weight_norm`` is off):
+        generation needs no g and v."""
         super().make_generation_fast_(**kwargs)
+        if not self.fold_weight_norm:
+            return
         for module in self.modules():
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)

@@ -72,6 +72,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             channels = out_channels
         self.num_attention_layers = sum(attention)
         self.need_attn = True
+        self.project_sources_once = True  # see projected_sources
+        self.fold_fc2 = True  # see make_generation_fast_
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -215,8 +217,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         They are made at a search's first step, kept in the incremental state and follow the
         sentences as they finish (:meth:`reorder_incremental_state`): a projection per source
         word and sentence instead of one per hypothesis and step. Greedy search (b = 1) would
-        make as many as it saves, so it keeps the layers' own projections."""
-        if incremental_state is None or encoder_out.get("beam", 1) == 1:
+        make as many as it saves, so it keeps the layers' own projections, as every search
+        does without ``project_sources_once``."""
+        if incremental_state is None or encoder_out.get("beam", 1) == 1 or not self.project_sources_once:
             return [None] * len(self.attention)
         sources = self.get_incremental_state(incremental_state, "projected_sources")
         rows = encoder_out["encoder_out"][0].size(0)
@@ -247,15 +250,15 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn=False, retain_dropout=False, **kwargs):
         """Generation only: keep the attention if alignments are wanted (``need_attn``), and
-        fold fc2 into W_o (:meth:`OutputProjection.fold_`). The fold is skipped where it would
-        not pay or not hold: fc2 narrowing its input (W_o W_2 would be wider than W_o), W_o
-        tied to the input embeddings (a second table), dropout kept in generation (between
-        the two)."""
+        fold fc2 into W_o (:meth:`OutputProjection.fold_`) unless ``fold_fc2`` is off. The fold
+        is skipped where it would not pay or not hold: fc2 narrowing its input (W_o W_2 would
+        be wider than W_o), W_o tied to the input embeddings (a second table), dropout kept in
+        generation (between the two)."""
         self.need_attn = need_attn
         if isinstance(self.fc2, nn.Identity):
             return  # folded already
         tied = self.output_projection.weight is self.embed.tokens.weight
-        if retain_dropout or tied or self.fc2.in_features > self.fc2.out_features:
+        if not self.fold_fc2 or retain_dropout or tied or self.fc2.in_features > self.fc2.out_features:
             return
         self.output_projection.fold_(self.fc2)  # on the model's device, in its dtype
         self.fc2 = nn.Identity()

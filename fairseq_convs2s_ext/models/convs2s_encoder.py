@@ -35,6 +35,7 @@ class ConvS2SEncoder(FairseqEncoder):
             self.convolutions.append(GLUConvolution(channels, out_channels, kernel_width, dropout))
             channels = out_channels
         self.fc2 = Linear(channels, embed_dim)
+        self.share_source = True  # see reorder_encoder_out; False: one row per hypothesis, as fconv
 
     def forward(self, src_tokens, src_lengths=None):
         """src_tokens: B x S. Returns keys z and values z + e, both B x S x embed_dim (the
@@ -67,8 +68,11 @@ class ConvS2SEncoder(FairseqEncoder):
         source. The encoder output keeps one row per sentence and says how many decoder
         rows share it (``"beam"``), so a beam's reordering, which stays within each
         sentence, copies nothing, and attention reads each source once per sentence
-        (as fairseq's BeamableMM). Any other order gives one row per decoder row.
+        (as fairseq's BeamableMM). Any other order, and every order without
+        ``share_source``, gives one row per decoder row.
         """
+        if not self.share_source:
+            return self._select(encoder_out, new_order, 1)
         beam = encoder_out.get("beam", 1)
         rows = encoder_out["encoder_out"][0].size(0)
         sources = new_order.div(beam, rounding_mode="floor") if beam > 1 else new_order

@@ -252,7 +252,7 @@ class ConvS2STranslationTask(TranslationTask):
         generator = super().build_generator(
             models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
         )
-        if self.vocabulary_selection is not None and getattr(generator, "lean", None) is None:
+        if self.vocabulary_selection is not None and not getattr(generator, "lean", False):
             raise ValueError(
                 "--vocab-selection works with beam search only: leave out --score-reference, "
                 "--sampling, --diverse-beam-groups, --diversity-rate, --match-source-len, "
