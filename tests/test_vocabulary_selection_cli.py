@@ -72,7 +72,7 @@ def test_training_with_selection_lowers_the_loss_over_smaller_batches_of_words(m
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=2000).next_epoch_itr(shuffle=False)
     sizes = []
     for sample in itr:
-        selected = task._with_candidates(sample, training=True)["candidates"]
+        selected = task.vocabulary_selection.with_candidates(sample, training=True)["candidates"]
         assert set(sample["target"].unique().tolist()) <= set(selected.tolist())
         sizes.append(selected.numel())
     assert max(sizes) < len(task.target_dictionary)  # a real selection, batch by batch

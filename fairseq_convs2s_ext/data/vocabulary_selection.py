@@ -7,21 +7,21 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
 - the special symbols (bos, pad, eos, unk, ...);
 - the ``most_common`` most frequent target words, by how often the training data's
   target side has them aligned (the candidates file's counts). fairseq-lua took them in
-  dictionary order: nearly the same for a dictionary of the target language alone (499 of
-  the 500 on word-level Multi30k), not for one shared by both languages
-  (``--joined-dictionary``, BPE), which is ordered by both sides' counts (bench/README.md);
+  dictionary order: nearly the same for a dictionary of the target language alone, not for
+  one shared by both languages (``--joined-dictionary``, BPE), which is ordered by both
+  sides' counts (bench/README.md, the run of b835259);
 - for each distinct source word of the batch, its ``top_aligned`` target words most often
   aligned to it in the training data (``convs2s-align-dict --candidates``);
 - in training (and validation) only, every gold target word of the batch, so that no target
   is lost to the selection.
 
 Training takes the candidates of the whole batch, as fairseq-lua did. Generation takes each
-sentence's own (fairseq-lua's generate-lines translated a sentence at a time): a batch of 128
-word-level Multi30k sentences has about 4,200 candidates, one sentence about 720, so the
-output layer does a fifth to a quarter of the work (the words many sentences share are
-scored for every hypothesis, see :meth:`VocabularySelection.candidates_per_sentence`), and
-the words a translation can use do not depend on the other sentences of its batch (its
-scores only up to rounding; bench/README.md).
+sentence's own (fairseq-lua's generate-lines translated a sentence at a time): a sentence has
+far fewer candidates than its batch, so the output layer does a fraction of the work (the
+words many sentences share are scored for every hypothesis, see
+:meth:`VocabularySelection.candidates_per_sentence`; bench/README.md, "How far the
+arithmetic lets selection go"), and the words a translation can use do not depend on the
+other sentences of its batch (its scores only up to rounding).
 
 The candidates of a batch are a sorted tensor of target dictionary ids, so the special
 symbols come first at their own ids (0..nspecial-1) and local index i stands for word
@@ -55,8 +55,8 @@ import torch
 NO_WORD = -1  # pads the rows of per-sentence candidates
 # A word that 1 in COMMON_SHARE of a batch's sentences have is scored for every hypothesis
 # (masked where its sentence lacks it): a matrix multiply's column for every hypothesis costs
-# about a quarter of a column of the sentences' own rows, which are read from memory at every
-# step for 5 hypotheses only (AMD EPYC, fp32, beam 5; bench/README.md).
+# a fraction of a column of the sentences' own rows, which are read from memory at every step
+# for a sentence's few hypotheses only (bench/README.md, the run of 4e76217).
 COMMON_SHARE = 4
 MIN_COVERAGE = 0.5  # of a dictionary's words, for a candidates file built on its training text
 # Symbols that fairseq-preprocess adds to pad a dictionary's size (--padding-factor).
@@ -164,6 +164,19 @@ class VocabularySelection:
         if self.aligned.device != device:
             self.aligned, self.always = self.aligned.to(device), self.always.to(device)
         return self.aligned, self.always
+
+    def with_candidates(self, sample, training: bool):
+        """The batch ``sample`` with its candidate target words (``sample["candidates"]``): in
+        training and validation the batch's, its gold target words among them; in generation
+        each sentence's own."""
+        if not sample:  # fairseq's empty dummy batch
+            return sample
+        src_tokens = sample["net_input"]["src_tokens"]
+        if training:
+            candidates = self.candidates(src_tokens, sample.get("target"))
+        else:
+            candidates = self.candidates_per_sentence(src_tokens)
+        return dict(sample, candidates=candidates)
 
     def candidates(self, src_tokens: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The sorted target ids of a batch's candidates; ``target`` (its gold target words,

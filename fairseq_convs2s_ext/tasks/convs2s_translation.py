@@ -22,8 +22,7 @@ each through a task hook:
   :mod:`fairseq_convs2s_ext.data.source_text`) reach the replacement with every batch.
 - ``get_interactive_tokens_and_lengths``, ``build_dataset_for_inference``,
   ``inference_step``: fairseq-interactive's input lines (after ``--tokenizer``/``--bpe``)
-  reach the replacement, instead of the ids it rebuilds its source string from (where every
-  unknown word reads ``<unk>``; its S- lines still do).
+  reach the replacement (:mod:`fairseq_convs2s_ext.generation.interactive_input`).
 - ``get_batch_iterator``: fairseq drops a split's last batch when its size is not a multiple
   of ``--required-batch-size-multiple`` (8 by default; ``data_utils.batch_by_size``), which
   silently loses up to the last N mod 8 sentences. Only the training split keeps the multiple;
@@ -35,10 +34,9 @@ each through a task hook:
   with other dictionaries is refused with a message naming it (see
   :mod:`fairseq_convs2s_ext.checkpoints.dictionaries`).
 - ``get_batch_iterator`` (fairseq-interactive): an input line longer than the model takes
-  is reported on stderr and skipped, and the lines after it are translated; fairseq would
-  stop at it with a traceback.
-- ``inference_step``: an empty source (an empty input line) gives an empty translation,
-  where the model would invent a sentence from the end-of-sentence marker alone.
+  is reported on stderr and skipped, and the lines after it are translated (same module).
+- ``inference_step``: an empty source gives an empty translation
+  (:mod:`fairseq_convs2s_ext.generation.empty_sources`).
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--vocab-selection FILE``, each
@@ -64,12 +62,9 @@ fairseq-generate reads that value as a file before any task hook runs; a test fa
 fairseq's option changes.
 """
 import contextlib
-import sys
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 from fairseq import utils
 from fairseq.tasks import register_task
@@ -80,6 +75,8 @@ from ..checkpoints import check_config
 from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
+from ..generation.empty_sources import with_empty_translations
+from ..generation.interactive_input import InteractiveInput
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
 from ..hardware import check_bf16_runs_fast, fastest
 
@@ -147,9 +144,7 @@ class ConvS2STranslationTask(TranslationTask):
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self._interactive_input = None  # (token tensors, lines, raw lines) of fairseq-interactive's buffer
-        self._interactive_lines_read = 0  # input lines before the current buffer
-        self._collated = deque()  # interactive batches collated and not yet translated
+        self.interactive_input = InteractiveInput()
         self.vocabulary_selection = None
         self.compiled = CompiledModels(cfg.compile_mode) if cfg.compile else None
         if cfg.vocab_rest_clusters < 0:
@@ -205,41 +200,20 @@ class ConvS2STranslationTask(TranslationTask):
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
         if dataset is not self.datasets.get(self.cfg.train_subset):
             required_batch_size_multiple = 1  # fairseq would drop a last batch of another size
-        input_lines = getattr(dataset, "input_lines", None)
-        if input_lines is not None and max_positions is not None and not ignore_invalid_inputs:
-            self._report_too_long(dataset, input_lines, max_positions)
+        if hasattr(dataset, "input_lines") and max_positions is not None and not ignore_invalid_inputs:
+            self.interactive_input.report_too_long(dataset, max_positions)
             ignore_invalid_inputs = True
         return super().get_batch_iterator(
             dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
             required_batch_size_multiple, **kwargs,
         )
 
-    def _report_too_long(self, dataset, input_lines, max_positions):
-        """Say on stderr which of fairseq-interactive's input lines are skipped as too long."""
-        _, too_long = dataset.filter_indices_by_size(np.arange(len(dataset)), max_positions)
-        for index in too_long:
-            line = input_lines[index]
-            print(f"fairseq-interactive: input line {self._interactive_lines_read + index + 1} skipped: "
-                  f"{dataset.size(index)[0]} tokens, more than the model takes ({max_positions}): "
-                  f"{line[:60]!r}{'...' if len(line) > 60 else ''}", file=sys.stderr)
-
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
-        if self._interactive_input is not None:  # the previous buffer's lines
-            self._interactive_lines_read += len(self._interactive_input[2])
-        encoded = [encode_fn(line) for line in lines]
-        tokens, lengths = super().get_interactive_tokens_and_lengths(encoded, lambda line: line)
-        self._interactive_input = (tokens, encoded, list(lines))
-        return tokens, lengths
+        return self.interactive_input.read(lines, encode_fn, super().get_interactive_tokens_and_lengths)
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-        recorded = self._interactive_input
-        if recorded is None or recorded[0] is not src_tokens:
-            return dataset  # not fairseq-interactive's lines: their text is unknown
-        if self.replaces_unknown_words:
-            dataset = SourceTextDataset(dataset, recorded[1], on_batch=self._collated.append)
-        dataset.input_lines = recorded[2]
-        return dataset
+        return self.interactive_input.dataset(dataset, src_tokens, with_text=self.replaces_unknown_words)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
@@ -283,36 +257,12 @@ class ConvS2STranslationTask(TranslationTask):
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if isinstance(generator, UnknownWordReplacer) and "src_text" not in sample:
-            sample = dict(sample, src_text=self._collated_text(sample))
+            sample = dict(sample, src_text=self.interactive_input.collated_text(sample))
         if self.vocabulary_selection is not None:
-            sample = self._with_candidates(sample, training=False)
+            sample = self.vocabulary_selection.with_candidates(sample, training=False)
         with self._autocast(models[0]):
             hypos = super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        return self._empty_for_empty_sources(sample, hypos)
-
-    def _empty_for_empty_sources(self, sample, hypos):
-        """One empty hypothesis (end of sentence alone, score 0) for each empty source."""
-        src_tokens = sample["net_input"]["src_tokens"]
-        words = src_tokens.ne(self.source_dictionary.pad()) & src_tokens.ne(self.source_dictionary.eos())
-        for i in (~words.any(dim=1)).nonzero().flatten().tolist():
-            eos = torch.tensor([self.target_dictionary.eos()], device=src_tokens.device)
-            hypos[i] = [{"tokens": eos, "score": torch.tensor(0.0), "attention": None, "alignment": None,
-                         "positional_scores": torch.zeros(1, device=src_tokens.device)}]
-        return hypos
-
-    def _collated_text(self, sample):
-        """The source lines of an interactive batch. fairseq-interactive passes inference_step
-        only the batch's tensors, and translates its batches in the order they are collated,
-        which is when their text was recorded."""
-        if not self._collated:
-            raise RuntimeError("unknown-word replacement: no source text was recorded for this "
-                               "batch (only fairseq-generate's and fairseq-interactive's "
-                               "batches carry it)")
-        batch = self._collated.popleft()
-        if not torch.equal(batch["net_input"]["src_tokens"], sample["net_input"]["src_tokens"].cpu()):
-            raise RuntimeError("unknown-word replacement: the batch being translated is not the "
-                               "one collated next; its source text is unknown")
-        return batch["src_text"]
+        return with_empty_translations(sample, hypos, self.source_dictionary, self.target_dictionary)
 
     def _autocast(self, model):
         device = next(model.parameters()).device.type
@@ -320,24 +270,11 @@ class ConvS2STranslationTask(TranslationTask):
             check_bf16_runs_fast(device)
         return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
-    def _with_candidates(self, sample, training):
-        """The batch with its candidate target words (``--vocab-selection``): in training
-        and validation the batch's, its gold target words among them; in generation each
-        sentence's own."""
-        if not sample:  # fairseq's empty dummy batch
-            return sample
-        src_tokens = sample["net_input"]["src_tokens"]
-        if training:
-            candidates = self.vocabulary_selection.candidates(src_tokens, sample.get("target"))
-        else:
-            candidates = self.vocabulary_selection.candidates_per_sentence(src_tokens)
-        return dict(sample, candidates=candidates)
-
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, the
         batch's candidates with ``--vocab-selection``, the compiled model with ``--compile``."""
         if self.vocabulary_selection is not None:
-            sample = self._with_candidates(sample, training=True)
+            sample = self.vocabulary_selection.with_candidates(sample, training=True)
         with self._compiled(model, sample) as model:
             if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
                 return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
@@ -352,7 +289,7 @@ class ConvS2STranslationTask(TranslationTask):
 
     def valid_step(self, sample, model, criterion):
         if self.vocabulary_selection is not None:
-            sample = self._with_candidates(sample, training=True)
+            sample = self.vocabulary_selection.with_candidates(sample, training=True)
         with self._compiled(model, sample) as model, self._autocast(model):
             return super().valid_step(sample, model, criterion)
 
