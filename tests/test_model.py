@@ -323,3 +323,21 @@ def test_paper_architectures(arch, layers):
     overridden = argparse.Namespace(encoder_embed_dim=128, decoder_layers="[(64, 5)]")
     ARCH_CONFIG_REGISTRY[arch](overridden)
     assert overridden.encoder_embed_dim == 128 and overridden.decoder_layers == "[(64, 5)]"
+
+
+def test_a_checkpoint_that_names_w_o_fc3_loads_as_the_same_model():
+    """Checkpoints saved before W_o was named ``output_projection`` hold it under fconv's
+    name, ``decoder.fc3``: fairseq's loading (the decoder's upgrade_state_dict_named) reads
+    them into the same weights and logits."""
+    torch.manual_seed(0)
+    model, d = build()
+    with_random_biases(model).eval()
+    saved = {k.replace("decoder.output_projection.", "decoder.fc3."): v.clone() for k, v in model.state_dict().items()}
+    assert "decoder.fc3.bias" in saved and not any("output_projection" in k for k in saved)
+    loaded, _ = build()
+    loaded.load_state_dict(saved)
+    loaded.eval()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    src, tgt = random_tokens(d, 2, 5), random_tokens(d, 2, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded(src, None, tgt)[0], model(src, None, tgt)[0])
