@@ -258,9 +258,9 @@ def arithmetic_ratio(model, candidates):
     full = multiply_adds(decoder.modules())
     model.make_generation_fast_()
     attention = {m for layer in decoder.attention if layer is not None for m in layer.modules()}
-    not_per_step = {decoder.convolutions[0].linear, decoder.fc3}  # looked up; the candidates instead
+    not_per_step = {decoder.convolutions[0].linear, decoder.output_projection}  # looked up; the candidates instead
     per_step = multiply_adds(m for m in decoder.modules() if m not in attention and m not in not_per_step)
-    return full / (per_step + candidates * decoder.fc3.in_features)
+    return full / (per_step + candidates * decoder.output_projection.in_features)
 
 
 def memory(args, data_bin, phase, checkpoint, precision, beam=5, vocab_selection=None):
