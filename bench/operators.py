@@ -12,7 +12,6 @@ identical weights, as the benchmark runs them.
 import argparse
 import collections
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Operators that only allocate or describe memory: no kernel runs.
