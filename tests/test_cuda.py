@@ -4,6 +4,7 @@ Run by ``make gpu-check`` (``pytest -m cuda``); skipped where torch sees no CUDA
 """
 import pytest
 import torch
+from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -26,9 +27,7 @@ def test_the_model_computes_on_the_gpu_what_it_computes_on_the_cpu():
     results = []
     for device in ("cpu", "cuda"):
         model.to(device).zero_grad(set_to_none=True)
-        moved = {"net_input": {k: v.to(device) for k, v in sample["net_input"].items()},
-                 "target": sample["target"].to(device), "ntokens": sample["ntokens"]}
-        loss, _, _ = criterion(model, moved)
+        loss, _, _ = criterion(model, utils.apply_to_sample(lambda t: t.to(device), sample))
         loss.backward()
         results.append((loss.item(), [p.grad.cpu() for p in model.parameters()]))
     (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = results
@@ -58,9 +57,7 @@ def test_fp16_training_step_gives_fp32_s_loss():
     torch.manual_seed(0)
     model, d = build(dropout=0.0)
     model.cuda()
-    sample = batch(d, 6, 9, 7)
-    sample = {"net_input": {k: v.cuda() for k, v in sample["net_input"].items()},
-              "target": sample["target"].cuda(), "ntokens": sample["ntokens"]}
+    sample = utils.move_to_cuda(batch(d, 6, 9, 7))
     task = ConvS2STranslationTask(ConvS2STranslationConfig(replace_unk=None), d, d)
     criterion = ConvS2SCrossEntropyCriterion(task, 0.1)
     fp32, _, _ = criterion(model, sample)
