@@ -48,6 +48,14 @@ def test_the_averaged_weights_are_the_mean(checkpoints, tmp_path, capsys):
     assert all(torch.equal(v, torch.load(by_name, weights_only=True)["model"][k]) for k, v in averaged["model"].items())
 
 
+def test_epoch_checkpoints_asked_of_a_folder_of_update_checkpoints_say_what_it_holds(checkpoints, tmp_path, capsys):
+    status, _, stderr = average(capsys, "--inputs", checkpoints, "--num-epoch-checkpoints", "5", "-o", tmp_path / "a.pt")
+    assert status == 1
+    assert stderr.strip().splitlines() == [
+        f"convs2s-average-checkpoints: error: {checkpoints}: 5 epoch checkpoints requested, found no epoch "
+        f"checkpoints; found 2 update checkpoints (checkpoint_1_2.pt checkpoint_1_4.pt): use --num-update-checkpoints"]
+
+
 def test_checkpoints_of_different_models_are_refused(checkpoints, tmp_path, capsys):
     other = torch.load(checkpoints / "checkpoint_1_4.pt", weights_only=True)
     other["model"]["decoder.extra.weight"] = torch.zeros(2)
@@ -58,7 +66,7 @@ def test_checkpoints_of_different_models_are_refused(checkpoints, tmp_path, caps
     status, _, stderr = average(capsys, "--inputs", checkpoints / "checkpoint_1_2.pt", tmp_path / "none.pt", "-o", out)
     assert status == 1 and "none.pt: no such file" in stderr
     status, _, stderr = average(capsys, "--inputs", checkpoints, "--num-update-checkpoints", "3", "-o", out)
-    assert status == 1 and "2 checkpoints of the form" in stderr
+    assert status == 1 and "3 update checkpoints requested, found 2 update checkpoints (checkpoint_1_2.pt" in stderr
     status, _, stderr = average(capsys, "--inputs", checkpoints, "-o", out)
     assert status == 1 and "needs --num-epoch-checkpoints" in stderr
     assert not out.exists()

@@ -18,13 +18,33 @@ from .safe_loading import load_checkpoint
 
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt$")
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt$")
+# What each pattern's checkpoints are called in a message, with the option that selects them.
+KINDS = {EPOCH_CHECKPOINT: ("epoch", "--num-epoch-checkpoints"),
+         UPDATE_CHECKPOINT: ("update", "--num-update-checkpoints")}
+
+
+def _numbered(folder, pattern):
+    return sorted((int(m[1]), name) for name in os.listdir(folder) if (m := pattern.fullmatch(name)))
+
+
+def _found(numbered, kind):
+    names = [name for _, name in numbered]
+    shown = " ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+    return f"{len(names)} {kind} checkpoint{'s' if len(names) != 1 else ''} ({shown})" if names else \
+        f"no {kind} checkpoints"
 
 
 def last_checkpoints(folder, count, pattern):
-    """The ``count`` checkpoints of ``folder`` with the highest numbers (epoch or update)."""
-    numbered = sorted((int(m[1]), name) for name in os.listdir(folder) if (m := pattern.fullmatch(name)))
+    """The ``count`` checkpoints of ``folder`` with the highest numbers (epoch or update); too
+    few is an error that says what the folder holds, and the option for the other kind."""
+    numbered = _numbered(folder, pattern)
     if len(numbered) < count:
-        raise ValueError(f"{folder}: {len(numbered)} checkpoints of the form {pattern.pattern}, {count} requested")
+        kind, _ = KINDS[pattern]
+        message = f"{folder}: {count} {kind} checkpoints requested, found {_found(numbered, kind)}"
+        for other, (other_kind, option) in KINDS.items():
+            if other is not pattern and (others := _numbered(folder, other)):
+                message += f"; found {_found(others, other_kind)}: use {option}"
+        raise ValueError(message)
     return [os.path.join(folder, name) for _, name in numbered[-count:]]
 
 
