@@ -6,12 +6,14 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.romanian`    WMT16 Romanian normalization and diacritic removal
 - :mod:`.clean`       training-pair filter (empty, too long, length ratio)
 - :mod:`.bpe`         joint BPE with subword-nmt, and its removal
-- :mod:`.binarize`    ``fairseq-preprocess`` as a subprocess
+- :mod:`.binarize`    ``fairseq-preprocess``'s output with fairseq's binarizer, every core busy
 - :mod:`.atomic`      atomic steps that rebuild when their inputs or options change
 - :mod:`.textio`      UTF-8 line I/O with errors naming file and line
 - :mod:`.pipeline`    ``convs2s-prepare``: all of the above in order
 - :mod:`.align`       ``convs2s-align-dict``: unknown-word replacement dictionary
 - :mod:`.fastalign`   fast_align's forward alignment from the systran-align library
+- :mod:`.parallel`    line-by-line stages on every core, in order, in bounded memory
+- :mod:`.progress`    a long stage's progress as log lines: rate and time left
 - :mod:`.processes`   child processes that stop with the command that started them
 - :mod:`.postprocess` ``convs2s-postprocess``: remove BPE and detokenize translations
 """

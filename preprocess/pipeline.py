@@ -6,7 +6,7 @@ was built from (see :mod:`preprocess.atomic`)::
     normalize punctuation [+ Romanian normalization] + Moses tokenize -a   (every split)
     clean: drop empty, > --max-len tokens, length ratio > --ratio          (train only)
     learn joint BPE (--bpe-merges, default 40000) and apply it             (or --no-bpe)
-    fairseq-preprocess --joined-dictionary                                 (binarize)
+    binarize as fairseq-preprocess --joined-dictionary, every core busy    (binarize)
 
 Layout of the output directory::
 
@@ -43,6 +43,7 @@ from .binarize import binarize
 from .bpe import DEFAULT_MERGES, apply_bpe_file, learn_joint_bpe
 from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError
+from .parallel import available_cores
 from .textio import check_parallel
 from .tokenize import tokenize_file
 
@@ -81,13 +82,15 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             romanian: bool = False, bpe_merges: Optional[int] = DEFAULT_MERGES,
             max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
             srcdict: Optional[str] = None, joined_dictionary: bool = True,
-            nwords: int = -1, workers: int = 1) -> str:
+            nwords: int = -1, workers: Optional[int] = None) -> str:
     """Run every step that is not current; return the binarized data directory.
 
     Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
-    Romanian normalization to the ``ro`` side.
+    Romanian normalization to the ``ro`` side. ``workers``: processes per stage, by default
+    the cores this process may use.
     """
+    workers = workers or available_cores()
     langs = (src_lang, tgt_lang)
     if romanian and "ro" not in langs:
         raise PreprocessError(f"--romanian needs 'ro' as source or target language, got {langs}")
@@ -194,7 +197,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help="one dictionary per language instead of --joined-dictionary")
     parser.add_argument("--nwords", type=int, default=-1,
                         help="vocabulary size cap (word-level models); -1: keep all")
-    parser.add_argument("--workers", type=int, default=1, help="parallel processes")
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="parallel processes (default: the cores available, here %(default)s)")
     return parser.parse_args(argv)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA, ROOT
+from conftest import BIN, DATA, ROOT
 from convs2s_preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
 from convs2s_preprocess.binarize import binarize
 from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
@@ -342,12 +342,30 @@ def test_empty_or_missing_input_is_an_error_naming_the_file(tmp_path):
 
 # --- binarization and the whole pipeline ----------------------------------------------------
 
-def test_binarize_failure_shows_fairseq_output(tmp_path):
-    with pytest.raises(PreprocessError) as exc:
+def test_binarize_missing_input_names_the_file(tmp_path):
+    with pytest.raises(PreprocessError, match=r"input file not found: .*missing\.en"):
         binarize(str(tmp_path / "bin"), "en", "de", trainpref=str(tmp_path / "missing"))
-    message = str(exc.value)
-    assert "fairseq-preprocess failed" in message and "--joined-dictionary" in message
-    assert re.search(r"No such file .*missing\.(en|de)", message)  # fairseq's own error
+
+
+@needs_data
+@pytest.mark.parametrize("options", [[], ["--nwordssrc", "3000", "--nwordstgt", "3000"]],
+                         ids=["joined", "separate-nwords"])
+def test_binarize_is_fairseq_preprocess_for_any_workers(tmp_path, options):
+    """The files of fairseq-preprocess, byte for byte, with 1 or 2 workers (fairseq's own
+    pool would leave one of 2 idle)."""
+    train, valid = raw_pair(tmp_path, "train", 3000), raw_pair(tmp_path, "val", 300)
+    joined = not options
+    subprocess.run([str(BIN / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+                    "--trainpref", train, "--validpref", valid, "--destdir", str(tmp_path / "ref"),
+                    *(["--joined-dictionary"] if joined else options)],
+                   check=True, capture_output=True)
+    reference = _outputs(tmp_path / "ref")
+    assert len(reference) == 2 + 2 * 2 * 2  # dictionaries, {train,valid} x {en,de} x {bin,idx}
+    for workers in ((1, 2) if joined else (2,)):
+        out = tmp_path / f"workers{workers}"
+        binarize(str(out), "en", "de", trainpref=train, validpref=valid, workers=workers,
+                 joined_dictionary=joined, nwords=3000 if options else -1)
+        assert _outputs(out) == reference, workers
 
 
 def _fairseq_counts(log: Path) -> dict:
