@@ -12,29 +12,65 @@ import io
 import itertools
 import re
 import sys
+from collections import Counter
 from typing import Sequence
 
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
+from .parallel import batched, map_batches, map_file
+from .progress import CountingWriter, Progress
 from .textio import map_lines, read_lines
 
 DEFAULT_MERGES = 40000
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
+# Lines per batch of word counting: its result, a Counter, is sent back whole.
+COUNT_BATCH_LINES = 50000
+
+
+def _count_words(lines: list) -> Counter:
+    """Word counts of some lines, split as subword-nmt's ``get_vocabulary`` splits them, in
+    order of first occurrence."""
+    counts = Counter()
+    for line in lines:
+        for word in line.strip("\r\n ").split(" "):
+            if word:
+                counts[word] += 1
+    return counts
+
+
+def count_words(paths: Sequence[str], workers: int = 1) -> Counter:
+    """Word counts of the concatenation of ``paths`` in ``workers`` processes, each word
+    first where it first occurs, as subword-nmt counts: its codes depend on that order
+    (words of equal counts keep it when sorted)."""
+    counts = Counter()
+    lines = itertools.chain.from_iterable(map(read_lines, paths))
+    for batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
+        counts.update(batch_counts)
+    return counts
 
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
-                    merges: int = DEFAULT_MERGES) -> None:
+                    merges: int = DEFAULT_MERGES, workers: int = 1) -> None:
     """Learn ``merges`` BPE operations on the concatenation of ``train_paths``.
 
-    subword-nmt draws a tqdm progress bar on stderr; written to a log file, its carriage
-    returns make one unreadable line of thousands of updates, so it is drawn on a terminal
-    only (the pipeline logs the step itself)."""
-    lines = itertools.chain.from_iterable(read_lines(path) for path in train_paths)
+    The words are counted in ``workers`` processes and handed to subword-nmt as its
+    word-frequency dictionary; the merges themselves are learned on one core, as subword-nmt
+    learns them, and the codes are the same as from the text itself. subword-nmt draws a
+    tqdm bar on stderr, whose carriage returns make one unreadable line of a log file: it
+    is drawn on a terminal only, and the merges written are logged as progress instead.
+    """
+    counts = count_words(train_paths, workers)
+    if any(word[0] == "\r" for word in counts):  # a dictionary line cannot start with it
+        vocabulary, is_dict = itertools.chain.from_iterable(map(read_lines, train_paths)), False
+    else:
+        vocabulary, is_dict = (f"{word} {count}" for word, count in counts.items()), True
+    progress = Progress("learn BPE", merges, unit="merges")
     bar = contextlib.nullcontext() if sys.stderr.isatty() else contextlib.redirect_stderr(io.StringIO())
     with open(codes_path, "w", encoding="utf-8") as codes, bar:
-        learn_bpe(lines, codes, merges)
+        learn_bpe(vocabulary, CountingWriter(codes, progress, header_lines=1), merges, is_dict=is_dict)
+    progress.finish()
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,7 +88,7 @@ def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 
     """Segment every line of ``in_path``; return the number of lines."""
     _load_codes.cache_clear()  # codes_path may have been learned again since it was read
     fn = functools.partial(apply_bpe, codes_path=codes_path)
-    return map_lines(fn, in_path, out_path, workers)
+    return map_file(fn, in_path, out_path, workers, stage=f"apply BPE to {in_path}")
 
 
 def remove_bpe(line: str) -> str:

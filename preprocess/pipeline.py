@@ -117,7 +117,7 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
         codes = os.path.join(outdir, "bpe", "codes")
         subword_nmt = {"subword-nmt": version("subword-nmt")}
         run_step("learn BPE", files(text["train"]), [codes],
-                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges),
+                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers),
                  {"merges": bpe_merges, **subword_nmt})
         segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
         for split in prefixes:
@@ -160,7 +160,8 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     if bpe_merges:
         raw_text += ["--bpe", "subword_nmt", "--bpe-codes", os.path.join(outdir, "bpe", "codes")]
     logger.info("to translate untokenized text with a model trained on it: fairseq-interactive %s "
-                "--user-dir fairseq_convs2s_ext --path CHECKPOINT %s", bindir, " ".join(raw_text))
+                '--user-dir "$(convs2s-user-dir)" --task convs2s_translation --path CHECKPOINT %s',
+                bindir, " ".join(raw_text))
     return bindir
 
 

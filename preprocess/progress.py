@@ -71,9 +71,12 @@ class CountingWriter:
     per line) but reports its progress only as a terminal bar.
     """
 
-    def __init__(self, file, progress: Progress):
-        self.file, self.progress = file, progress
+    def __init__(self, file, progress: Progress, header_lines: int = 0):
+        self.file, self.progress, self.header = file, progress, header_lines
 
     def write(self, text: str) -> int:
-        self.progress.update(text.count("\n"))
+        lines = text.count("\n")
+        skipped = min(lines, self.header)
+        self.header -= skipped
+        self.progress.update(lines - skipped)
         return self.file.write(text)

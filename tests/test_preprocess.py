@@ -1,5 +1,7 @@
 """Tests of the preprocess package on real parallel text (Multi30k, RO-STS), no mocks."""
+import contextlib
 import hashlib
+import io
 import itertools
 import json
 import logging
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import BIN, DATA, ROOT
 from convs2s_preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
@@ -74,6 +77,21 @@ def test_tokenize_bpe_detokenize_round_trip(tmp_path):
 
     assert next(read_lines(f"{prefix}.tok.en")) == \
         "Two young , White males are outside near many bushes ."
+
+
+@needs_data
+def test_bpe_codes_are_subword_nmts_on_the_text_for_any_workers(tmp_path, caplog):
+    """Words counted in parallel and handed over as a dictionary give the codes subword-nmt
+    learns from the concatenated text itself (the order of words of equal counts matters)."""
+    paths = [head(MULTI30K / f"train.{lang}", 3000, tmp_path / f"train.{lang}") for lang in ("en", "de")]
+    with open(tmp_path / "reference", "w", encoding="utf-8") as codes, \
+            contextlib.redirect_stderr(io.StringIO()):
+        learn_bpe(itertools.chain.from_iterable(map(read_lines, paths)), codes, 800)
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.progress")
+    for workers in (1, 2):
+        learn_joint_bpe(paths, str(tmp_path / f"codes{workers}"), 800, workers=workers)
+        assert (tmp_path / f"codes{workers}").read_text() == (tmp_path / "reference").read_text()
+    assert "learn BPE: 800/800 merges (100%)" in caplog.text and "\r" not in caplog.text
 
 
 def test_tokenizer_splits_dashes_and_does_not_escape():
