@@ -17,7 +17,9 @@ process:
 - ``systran-align``: otherwise, and by default after ``make install``: fast_align's model
   from the systran-align library, run as ``python -m convs2s_preprocess.fastalign`` (see there:
   the same EM training, the same forward decision, one thread so that every run gives the
-  same dictionary). On Multi30k its dictionary is identical to the binary's.
+  same dictionary), decoded in ``--workers`` processes (by default the cores available;
+  the dictionary does not depend on them). On Multi30k its dictionary is identical to the
+  binary's.
 - ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
   never imported), a different aligner, whose dictionary changes from run to run.
 
@@ -55,6 +57,7 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 
 from .atomic import run_step
 from .errors import PreprocessError
+from .parallel import available_cores
 from .processes import exit_on_sigterm, process_exists, run_child
 from .textio import check_parallel, count_lines, read_lines, write_lines
 
@@ -94,11 +97,13 @@ class Aligner(NamedTuple):
         settings = () if self.name == "eflomal" else FAST_ALIGN_SETTINGS
         return {"aligner": self.name, "settings": " ".join(settings)}
 
-    def invocation(self, corpus_path: str, links_path: str) -> tuple:
-        """(argv, file receiving stdout) to write the forward links of ``corpus_path``."""
+    def invocation(self, corpus_path: str, links_path: str, workers: int = 1) -> tuple:
+        """(argv, file receiving stdout) to write the forward links of ``corpus_path``;
+        systran-align decodes in ``workers`` processes (its links do not depend on them)."""
         if self.name == "eflomal":
             return [*self.command, "-i", corpus_path, "-f", links_path], os.devnull
-        return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS], links_path
+        parallel = ["--workers", str(workers)] if self.name == "systran-align" else []
+        return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS, *parallel], links_path
 
 
 def default_search_path() -> str:
@@ -161,12 +166,13 @@ def aligner_environment(workdir: str) -> dict:
     return dict(os.environ, TMPDIR=workdir)
 
 
-def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str) -> None:
+def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str,
+                workers: int = 1) -> None:
     """Forward-align ``corpus_path``, writing Pharaoh ``i-j`` links to ``links_path``.
 
     The aligner runs in ``workdir`` as a child process that does not outlive this one.
     """
-    cmd, stdout = aligner.invocation(corpus_path, links_path)
+    cmd, stdout = aligner.invocation(corpus_path, links_path, workers)
     log_path = os.path.join(workdir, "aligner.log")
     with open(stdout, "w") as out, open(log_path, "w") as log:
         returncode = run_child(cmd, out, log, cwd=workdir, env=aligner_environment(workdir))
@@ -233,9 +239,10 @@ def candidate_lines(counts: dict) -> Iterator[str]:
 
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
-                     candidates_path: Optional[str] = None) -> bool:
+                     candidates_path: Optional[str] = None, workers: int = 1) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
-    current; True if they were built.
+    current; True if they were built. ``workers``: the aligner's processes (systran-align
+    decodes in them; the dictionary is the same for any number).
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -253,7 +260,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r)",
                         kept, aligner.name, shlex.join(aligner.command),
                         count_lines(src_path) - kept, SEPARATOR)
-            run_aligner(aligner, corpus, links, tmp)
+            run_aligner(aligner, corpus, links, tmp, workers)
             counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
         if temp_candidates is not None:
@@ -279,6 +286,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--candidates", metavar="FILE",
                         help="also write each source word's aligned target words ranked by count, "
                              "with the counts, for vocabulary selection (--vocab-selection FILE)")
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="processes that decode fast_align's model (systran-align; its "
+                             "training is on one thread) (default: the cores available, here "
+                             "%(default)s)")
     return parser.parse_args(argv)
 
 
@@ -288,7 +299,8 @@ def main(argv: Optional[list] = None) -> None:
     exit_on_sigterm()
     try:
         build_align_dict(args.src, args.tgt, args.output,
-                         find_aligner(args.aligner, args.fast_align), args.candidates)
+                         find_aligner(args.aligner, args.fast_align), args.candidates,
+                         args.workers)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:

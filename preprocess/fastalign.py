@@ -36,9 +36,20 @@ from the library's binary files (format version 2 of systran-align 3.5.0: the vo
 then one row per source word e of (f, t(f|e)) pairs), written without pruning. They hold
 t(f|e) in single precision, and leave out the pairs whose probability underflowed to 0;
 otherwise every co-occurring word pair is there, about 8 bytes each: a corpus of millions
-of pairs needs gigabytes of memory, as the binary does.
+of pairs needs gigabytes of memory, as the binary does. The table is read through a
+memory map into sorted keys and probabilities, 12 bytes an entry (:func:`read_table`).
+
+Decoding is per pair, so ``--workers N`` decodes batches of pairs in N processes forked
+after the table is read, which share it. The library trains both directions although only
+the forward table is read (its Python API has no switch for one direction): about 40% of
+the training time, which only the ``fast_align`` binary (``convs2s-align-dict --fast-align``)
+avoids.
 """
 import argparse
+import functools
+import gc
+import logging
+import mmap
 import os
 import re
 import struct
@@ -49,6 +60,12 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from .parallel import batched, map_batches
+from .progress import Progress
+from .textio import count_lines
+
+logger = logging.getLogger(__name__)
+
 SEPARATOR = "|||"
 NULL = "<eps>"  # fast_align's NULL word, first in the vocabulary
 PROB_ALIGN_NULL = 0.08  # fast_align's p0 (its -p option, not changed here)
@@ -58,6 +75,8 @@ INITIAL_TENSION = 4.0  # fast_align's starting diagonal tension (-T)
 KEEP_ALL = -1e300
 FORMAT_VERSION = 2
 ENTRY = np.dtype([("f", "<i4"), ("p", "<f4")])
+# Pairs handed to a decoding worker at a time.
+DECODE_BATCH_LINES = 2000
 
 
 class Settings(NamedTuple):
@@ -119,42 +138,62 @@ def train(corpus: str, workdir: str, settings: Settings) -> tuple:
 
 
 def read_table(path: str) -> TranslationTable:
-    """The translation table systran-align wrote to ``path``."""
+    """The translation table systran-align wrote to ``path``.
+
+    The file is mapped, not read: the vocabulary is decoded from the mapping and the rows
+    are viewed in place, as one array of 8-byte records (a row's header, its source word and
+    length, is one record like the (f, p) entries after it). Only the sorted keys and
+    probabilities are built, about 12 bytes an entry (the sort needs 16 more for a moment).
+    """
     with open(path, "rb") as f:
-        data = f.read()
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     version, size = struct.unpack_from("<ii", data)
     if version != FORMAT_VERSION:
         raise RuntimeError(f"{path}: systran-align table format {version}, expected "
                            f"{FORMAT_VERSION} (install systran-align 3.5.0)")
-    *words, rest = data[8:].split(b"\0", size)
-    ids = {word.decode("utf-8"): number for number, word in enumerate(words, 1)}
-    keys, probs = [], []
-    offset = 4  # the table's size; the rows follow until the end
-    while offset < len(rest):
-        e, count = struct.unpack_from("<ii", rest, offset)
-        row = np.frombuffer(rest, dtype=ENTRY, count=count, offset=offset + 8)
-        keys.append((np.int64(e) << 32) | row["f"].astype(np.int64))
-        probs.append(row["p"])
-        offset += 8 + count * ENTRY.itemsize
-    keys, probs = np.concatenate(keys), np.concatenate(probs)
-    order = np.argsort(keys, kind="stable")
-    return TranslationTable(ids, keys[order], probs[order])
+    ids, offset = {}, 8
+    for number in range(1, size + 1):
+        end = data.find(b"\0", offset)
+        ids[data[offset:end].decode("utf-8")] = number
+        offset = end + 1
+    records = np.frombuffer(data, dtype=ENTRY, offset=offset + 4)  # after the table's size
+    header_at, row = [], 0
+    while row < len(records):  # one step per source word
+        header_at.append(row)
+        row += 1 + int(records["p"][row:row + 1].view("<i4")[0])
+    header_at = np.array(header_at, dtype=np.int64)
+    lengths = np.diff(np.append(header_at, len(records)))
+    keys = np.repeat(records["f"][header_at].astype(np.int64) << 32, lengths)
+    keys |= records["f"]
+    keys[header_at] = -1  # the headers sort first, and are cut off
+    order = np.argsort(keys, kind="stable")[len(header_at):]
+    table = TranslationTable(ids, keys[order], records["p"][order])
+    del records
+    data.close()
+    return table
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def alignment_prior(n: int, m: int, tension: float, favor_diagonal: bool) -> tuple:
+    """(n x m prior of source position i for target position j, prior of NULL); the same
+    for every pair of these lengths, so computed once per pair of lengths."""
+    if not favor_diagonal:
+        return 1.0 / (n + 1), 1.0 / (n + 1)
+    i = np.arange(1, n + 1)[:, None] / n
+    j = np.arange(1, m + 1)[None, :] / m
+    prior = np.exp(-tension * np.abs(i - j))
+    prior *= (1 - PROB_ALIGN_NULL) / prior.sum(axis=0)
+    prior.flags.writeable = False
+    return prior, PROB_ALIGN_NULL
 
 
 def forward_links(source: list, target: list, table: TranslationTable, tension: float,
                   settings: Settings) -> str:
     """fast_align's forward alignment of one pair (see the module docstring)."""
     n, m = len(source), len(target)
-    t = table.lookup(source, target)
-    t_null = table.lookup([NULL], target)[0]
-    if settings.favor_diagonal:
-        i = np.arange(1, n + 1)[:, None] / n
-        j = np.arange(1, m + 1)[None, :] / m
-        prior = np.exp(-tension * np.abs(i - j))
-        prior *= (1 - PROB_ALIGN_NULL) / prior.sum(axis=0)
-        null_prior = PROB_ALIGN_NULL
-    else:
-        prior = null_prior = 1.0 / (n + 1)
+    t = table.lookup([NULL, *source], target)
+    prior, null_prior = alignment_prior(n, m, tension, settings.favor_diagonal)
+    t_null, t = t[0], t[1:]
     scores = t * prior
     best = scores.argmax(axis=0)  # the first maximum, as fast_align's strict '>'
     linked = scores[best, np.arange(m)] > t_null * null_prior
@@ -168,17 +207,47 @@ def split_pair(line: str) -> tuple:
     return tokens[:middle], tokens[middle + 1:]
 
 
-def align(corpus: str, settings: Settings, out) -> None:
-    """Write the forward links of every line of ``corpus`` to ``out``."""
+# What the decoding workers read, set before they are forked (and so shared, not copied).
+_decoder = {}
+
+
+def _decode(batch: tuple) -> list:
+    """The links of a batch of ``(first line number, lines)``."""
+    first, lines = batch
+    links = []
+    for number, line in enumerate(lines, first):
+        source, target = split_pair(line)
+        if not source or not target:
+            raise ValueError(f"{_decoder['corpus']}, line {number}: a side is empty")
+        links.append(forward_links(source, target, _decoder["table"], _decoder["tension"],
+                                   _decoder["settings"]))
+    return links
+
+
+def numbered_batches(path: str, size: int = DECODE_BATCH_LINES) -> Iterator[tuple]:
+    """(number of the first line, lines) for consecutive batches of the lines of ``path``."""
+    with open(path, encoding="utf-8") as lines:
+        for index, batch in enumerate(batched(lines, size)):
+            yield 1 + index * size, batch
+
+
+def align(corpus: str, settings: Settings, out, workers: int = 1) -> None:
+    """Write the forward links of every line of ``corpus`` to ``out``; the lines are decoded
+    in ``workers`` processes (the training is on one thread whatever ``workers`` is, so the
+    links are the same for any number)."""
     with tempfile.TemporaryDirectory(prefix="fastalign-") as workdir:
         table_path, tension = train(corpus, workdir, settings)
         table = read_table(table_path)
-    with open(corpus, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            source, target = split_pair(line)
-            if not source or not target:
-                raise SystemExit(f"{corpus}, line {number}: a side is empty")
-            out.write(forward_links(source, target, table, tension, settings) + "\n")
+    _decoder.update(corpus=corpus, table=table, tension=tension, settings=settings)
+    gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
+    progress = Progress("align", count_lines(corpus), unit="pairs", log=logger)
+    try:
+        for links in map_batches(_decode, numbered_batches(corpus), workers):
+            out.write("".join(line + "\n" for line in links))
+            progress.update(len(links))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    progress.finish()
 
 
 def main(argv=None) -> None:
@@ -193,9 +262,12 @@ def main(argv=None) -> None:
                         help="optimize how close to the diagonal they should be")
     parser.add_argument("-v", dest="variational_bayes", action="store_true",
                         help="Dirichlet prior on the translation tables")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes that decode (the training is on one thread)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     settings = Settings(args.favor_diagonal, args.optimize_tension, args.variational_bayes)
-    align(args.input, settings, sys.stdout)
+    align(args.input, settings, sys.stdout, args.workers)
 
 
 if __name__ == "__main__":
