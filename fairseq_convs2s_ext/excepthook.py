@@ -27,6 +27,7 @@ the command as such. So the package installs the hook as it is imported if
 :func:`runs_fairseq_command`: if the program Python runs is fairseq's own, a console script
 ``fairseq-*`` or ``python -m fairseq_cli.COMMAND``.
 """
+import logging
 import os
 import sys
 from typing import Optional
@@ -38,6 +39,8 @@ from .generation.unknown_words import AlignDictError, read_align_dict
 
 _TORCH_LOAD = os.path.join("torch", "serialization.py")
 _FAIRSEQ_UTILS = os.path.join("fairseq", "utils.py")
+_FAIRSEQ_CHECKPOINTS = os.path.join("fairseq", "checkpoint_utils.py")
+_FAIRSEQ_DICTIONARY = os.path.join("fairseq", "data", "dictionary.py")
 # Errors of the plugin whose message says what is wrong and what to do.
 _OURS = (CheckpointError, AlignDictError, SourceTextError, CandidatesFileError, SelectionOptionError)
 _REPLACE_UNK = ("--replace-unk needs --task convs2s_translation (fairseq's own replacement is broken "
@@ -89,8 +92,55 @@ def _plugin_error(exc: BaseException) -> Optional[Exception]:
     return None
 
 
+def _missing_checkpoint(exc: BaseException, tb) -> Optional[str]:
+    """A ``--path`` file that does not exist (fairseq's bare ``IOError`` after its check)."""
+    path = _frame_local(tb, "load_model_ensemble_and_task", _FAIRSEQ_CHECKPOINTS, "filename")
+    if isinstance(exc, OSError) and isinstance(path, str) and str(exc).startswith("Model file not found"):
+        return f"{path}: no such checkpoint file (--path; an ensemble: --path a.pt:b.pt)"
+    return None
+
+
+def _dictionary_error(exc: BaseException, tb) -> Optional[str]:
+    """A dictionary file fairseq could not read (its messages do not name the file)."""
+    f = _frame_local(tb, "add_from_file", _FAIRSEQ_DICTIONARY, "f")
+    path = f if isinstance(f, str) else getattr(f, "name", None)
+    if path is None or isinstance(exc, (OSError, MemoryError)):
+        return None
+    why = " ".join(str(exc).replace("\n", "").split())  # fairseq quotes the bad line with its newline
+    return f"{path}: not a fairseq dictionary: {why}; use the dict.LANG.txt that fairseq-preprocess or convs2s-prepare wrote"
+
+
+def _languages_unknown(exc: BaseException, tb) -> Optional[str]:
+    """A data folder without binarized splits, from which fairseq cannot tell the languages."""
+    paths = _frame_local(tb, "setup_task", os.path.join("fairseq", "tasks", "translation.py"), "paths")
+    if paths and "Could not infer language pair" in str(exc):
+        return (f"{paths[0]}: no binarized split (SPLIT.SRC-TGT.LANG.idx) from which to tell the languages: "
+                f"pass -s SRC -t TGT, or the folder fairseq-preprocess or convs2s-prepare wrote")
+    return None
+
+
+def moses_without_languages(text: str) -> bool:
+    """Whether ``text`` (an error of hydra's, or fairseq's log of the overrides it could not
+    compose) is --tokenizer moses without the languages it needs."""
+    return "tokenizer.source_lang=null" in text or "tokenizer.target_lang=null" in text
+
+
+def _usage_error(exc: BaseException) -> Optional[str]:
+    """Options that fairseq's configuration rejects with hydra's exception."""
+    from hydra.errors import ConfigCompositionException
+
+    if isinstance(exc, ConfigCompositionException) and moses_without_languages(str(exc)):
+        return ("--tokenizer moses needs the languages of the data: add -s SRC -t TGT (e.g. -s en -t de), "
+                "which the Moses tokenizer's rules depend on")
+    return None
+
+
 def describe(exc: BaseException, tb) -> Optional[str]:
-    """``PATH: why`` for an error of reading a checkpoint or --replace-unk file, else None."""
+    """``PATH: why`` (or what to change) for an error a user can fix, else None."""
+    for known in (_missing_checkpoint(exc, tb), _dictionary_error(exc, tb), _languages_unknown(exc, tb),
+                  _usage_error(exc)):
+        if known:
+            return known
     align_dict_error = _align_dict_error(exc, tb)
     if align_dict_error:
         return align_dict_error
@@ -116,11 +166,18 @@ def runs_fairseq_command() -> bool:
     return bool(sys.argv) and os.path.basename(sys.argv[0]).startswith("fairseq-")
 
 
+def _not_the_overrides_of_a_reported_error(record: logging.LogRecord) -> bool:
+    """fairseq logs every override (a line of 10,000 characters) before it raises hydra's
+    error; the excepthook says what is wrong with the one that failed."""
+    return not moses_without_languages(record.getMessage())
+
+
 def install_excepthook() -> None:
     """Report these errors in one line (exit status 1); others as before."""
     previous = sys.excepthook
     if getattr(previous, "reports_checkpoint_errors", False):
         return
+    logging.getLogger("fairseq.dataclass.utils").addFilter(_not_the_overrides_of_a_reported_error)
 
     def excepthook(exc_type, exc, tb):
         message = describe(exc, tb)

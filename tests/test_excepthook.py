@@ -2,13 +2,14 @@
 an import: a program of one's own that imports the plugin keeps its ``sys.excepthook`` and its
 tracebacks, however the import happens; fairseq's commands, however they are started, and the
 plugin's report an unreadable checkpoint in one line."""
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 import fairseq_convs2s_ext
-from conftest import ROOT
+from conftest import BIN, ROOT
 
 IMPORTS = {
     "import": "import fairseq_convs2s_ext",
@@ -46,3 +47,60 @@ def test_python_m_fairseq_cli_reports_an_unreadable_checkpoint_in_one_line(small
     assert proc.returncode == 1
     assert f"generate.py: error: {path}: not a readable checkpoint" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+
+
+def fairseq_command(tool, *args, cwd):
+    """fairseq's TOOL with the plugin: (exit status, stderr)."""
+    proc = subprocess.run([str(BIN / tool), *map(str, args), "--user-dir", fairseq_convs2s_ext.USER_DIR],
+                          cwd=cwd, text=True, capture_output=True, input="A dog runs .\n")
+    return proc.returncode, proc.stderr
+
+
+def assert_one_line(stderr, line):
+    assert line in stderr.splitlines(), stderr[-3000:]
+    assert "Traceback" not in stderr and "Overrides:" not in stderr, stderr[-3000:]
+
+
+def test_a_missing_path_file_is_one_line(small_bin, tmp_path):
+    status, stderr = fairseq_command("fairseq-generate", small_bin, "--path", "none.pt", "--gen-subset", "test",
+                                     cwd=tmp_path)
+    assert status == 1
+    assert_one_line(stderr, "fairseq-generate: error: none.pt: no such checkpoint file (--path; an ensemble: "
+                            "--path a.pt:b.pt)")
+
+
+def test_the_moses_tokenizer_without_languages_is_one_line(small_bin, tmp_path):
+    status, stderr = fairseq_command("fairseq-interactive", small_bin, "--path", "none.pt", "--tokenizer", "moses",
+                                     cwd=tmp_path)
+    assert status == 1
+    assert_one_line(stderr, "fairseq-interactive: error: --tokenizer moses needs the languages of the data: "
+                            "add -s SRC -t TGT (e.g. -s en -t de), which the Moses tokenizer's rules depend on")
+
+
+def test_a_malformed_dictionary_is_named(small_bin, tmp_path):
+    data = tmp_path / "bin"
+    shutil.copytree(small_bin, data)
+    (data / "dict.de.txt").write_text("der 10\nnocount\n", encoding="utf-8")
+    status, stderr = fairseq_command("fairseq-generate", data, "--path", "none.pt", "--gen-subset", "test",
+                                     cwd=tmp_path)
+    assert status == 1
+    assert_one_line(stderr, f"fairseq-generate: error: {data}/dict.de.txt: not a fairseq dictionary: Incorrect "
+                            f"dictionary format, expected '<token> <cnt> [flags]': \"nocount\"; use the "
+                            f"dict.LANG.txt that fairseq-preprocess or convs2s-prepare wrote")
+
+
+def test_a_folder_without_binaries_whose_languages_cannot_be_told_is_one_line(small_bin, tmp_path):
+    for name in ("dict.en.txt", "dict.de.txt"):
+        shutil.copy(small_bin / name, tmp_path / name)
+    status, stderr = fairseq_command("fairseq-generate", tmp_path, "--path", "none.pt", cwd=tmp_path)
+    assert status == 1
+    assert_one_line(stderr, f"fairseq-generate: error: {tmp_path}: no binarized split (SPLIT.SRC-TGT.LANG.idx) "
+                            f"from which to tell the languages: pass -s SRC -t TGT, or the folder "
+                            f"fairseq-preprocess or convs2s-prepare wrote")
+
+
+def test_an_unknown_error_keeps_its_traceback(small_bin, tmp_path):
+    (tmp_path / "file").write_text("")
+    status, stderr = fairseq_command("fairseq-generate", small_bin, "--path", "none.pt", "--results-path", "file/out",
+                                     cwd=tmp_path)
+    assert status == 1 and "Traceback" in stderr, stderr[-3000:]
