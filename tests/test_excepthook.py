@@ -61,20 +61,17 @@ def assert_one_line(stderr, line):
     assert "Traceback" not in stderr and "Overrides:" not in stderr, stderr[-3000:]
 
 
-def test_a_missing_path_file_is_one_line(small_bin, tmp_path):
-    status, stderr = fairseq_command("fairseq-generate", small_bin, "--path", "none.pt", "--gen-subset", "test",
-                                     cwd=tmp_path)
+@pytest.mark.parametrize("tool, options, line", [
+    ("fairseq-generate", ["--gen-subset", "test"],
+     "none.pt: no such checkpoint file (--path; an ensemble: --path a.pt:b.pt)"),
+    ("fairseq-interactive", ["--tokenizer", "moses"],
+     "--tokenizer moses needs the languages of the data: add -s SRC -t TGT (e.g. -s en -t de), which the Moses "
+     "tokenizer's rules depend on"),
+], ids=["missing --path file", "moses without languages"])
+def test_a_usage_error_is_one_line(small_bin, tmp_path, tool, options, line):
+    status, stderr = fairseq_command(tool, small_bin, "--path", "none.pt", *options, cwd=tmp_path)
     assert status == 1
-    assert_one_line(stderr, "fairseq-generate: error: none.pt: no such checkpoint file (--path; an ensemble: "
-                            "--path a.pt:b.pt)")
-
-
-def test_the_moses_tokenizer_without_languages_is_one_line(small_bin, tmp_path):
-    status, stderr = fairseq_command("fairseq-interactive", small_bin, "--path", "none.pt", "--tokenizer", "moses",
-                                     cwd=tmp_path)
-    assert status == 1
-    assert_one_line(stderr, "fairseq-interactive: error: --tokenizer moses needs the languages of the data: "
-                            "add -s SRC -t TGT (e.g. -s en -t de), which the Moses tokenizer's rules depend on")
+    assert_one_line(stderr, f"{tool}: error: {line}")
 
 
 def test_a_malformed_dictionary_is_named(small_bin, tmp_path):
