@@ -57,6 +57,7 @@ setup(
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
             "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",
+            "convs2s-score = convs2s_recipes.score:main",
         ]
     },
 )

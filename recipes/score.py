@@ -43,3 +43,63 @@ def rouge(hypotheses, references):
     for hyp, ref in zip(hypotheses, references):
         aggregator.add_scores(scorer.score(ref, hyp))
     return {name: round(100 * value.mid.fmeasure, 2) for name, value in aggregator.aggregate().items()}
+
+
+def generated_hypotheses(lines):
+    """The best hypothesis of each sentence, in sentence order, from fairseq-generate's or
+    fairseq-interactive's output (its ``D-`` lines, or ``H-`` where there are none: the text
+    after BPE removal and detokenization where generation had ``--post-process``/``--tokenizer``);
+    None if ``lines`` are not such output (plain text, one hypothesis a line)."""
+    found = {"D": {}, "H": {}}
+    for line in lines:
+        kind, _, rest = line.partition("-")
+        if kind in found and "\t" in rest and rest.split("\t", 1)[0].isdigit():
+            key, _, text = rest.rstrip("\n").split("\t", 2)
+            found[kind].setdefault(int(key), text)  # the first (best) of n-best
+    best = found["D"] or found["H"]
+    return [best[i] for i in sorted(best)] if best else None
+
+
+def main(argv=None):
+    """``convs2s-score``: sacreBLEU of translations against raw references, where
+    ``fairseq-score --sacrebleu`` fails (it hands sacreBLEU a file object for the references)."""
+    import argparse
+    import sys
+
+    from convs2s_preprocess.postprocess import postprocess
+
+    p = argparse.ArgumentParser(
+        prog="convs2s-score",
+        description="Detokenized sacreBLEU of translations against raw (untokenized) references: "
+                    "fairseq-generate's output or plain text, one hypothesis a line.")
+    p.add_argument("-r", "--ref", required=True, help="the references, raw text, one sentence a line")
+    p.add_argument("-s", "--sys", default="-",
+                   help="the translations: fairseq-generate/fairseq-interactive output (its D- lines, in "
+                        "sentence order) or plain text (default: stdin)")
+    p.add_argument("-l", "--detokenize", metavar="LANG",
+                   help="remove BPE and Moses-detokenize the translations first (for output of a "
+                        "generation without --tokenizer moses --bpe ...)")
+    p.add_argument("--tokenized", action="store_true",
+                   help="score tokenized text as is (multi-bleu.perl's tokenized BLEU) instead of sacreBLEU's 13a")
+    args = p.parse_args(argv)
+    try:
+        with open(args.ref, encoding="utf-8") as f:
+            references = [line.rstrip("\n") for line in f]
+        if args.sys == "-":
+            lines = list(sys.stdin)
+        else:
+            with open(args.sys, encoding="utf-8") as f:
+                lines = list(f)
+        hypotheses = generated_hypotheses(lines)
+        if hypotheses is None:
+            hypotheses = [line.rstrip("\n") for line in lines]
+        if args.detokenize:
+            hypotheses = [postprocess(h, args.detokenize) for h in hypotheses]
+        check_counts(hypotheses, references, args.sys, args.ref)
+    except (OSError, UnicodeDecodeError, ScoreError) as e:
+        print(f"convs2s-score: error: {e}", file=sys.stderr)
+        return 1
+    result = bleu(hypotheses, references, tokenized=args.tokenized)
+    print(result["text"])
+    print(result["signature"])
+    return 0
