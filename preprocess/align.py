@@ -58,6 +58,7 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 from .atomic import run_step
 from .errors import PreprocessError
 from .parallel import available_cores
+from .progress import relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
 from .textio import check_parallel, count_lines, read_lines, write_lines
 
@@ -174,7 +175,8 @@ def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: st
     """
     cmd, stdout = aligner.invocation(corpus_path, links_path, workers)
     log_path = os.path.join(workdir, "aligner.log")
-    with open(stdout, "w") as out, open(log_path, "w") as log:
+    with open(stdout, "w") as out, open(log_path, "w") as log, \
+            watching(log_path, relay_log_lines(logger)):
         returncode = run_child(cmd, out, log, cwd=workdir, env=aligner_environment(workdir))
     if returncode != 0:
         tail = "\n".join(list(read_lines(log_path))[-ERROR_TAIL_LINES:])

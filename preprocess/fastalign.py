@@ -61,7 +61,7 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from .parallel import batched, map_batches
-from .progress import Progress
+from .progress import Progress, watching
 from .textio import count_lines
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,10 @@ INITIAL_TENSION = 4.0  # fast_align's starting diagonal tension (-T)
 KEEP_ALL = -1e300
 FORMAT_VERSION = 2
 ENTRY = np.dtype([("f", "<i4"), ("p", "<f4")])
+# The library's training: an initial pass and 5 EM iterations over the corpus, in each of
+# the two directions; its log has a dot per DOT_PAIRS pairs of each pass.
+TRAINING_PASSES = 12
+DOT_PAIRS = 1000
 # Pairs handed to a decoding worker at a time.
 DECODE_BATCH_LINES = 2000
 
@@ -104,15 +108,40 @@ class TranslationTable(NamedTuple):
 
 @contextmanager
 def stderr_to(path: str) -> Iterator[None]:
-    """Send file descriptor 2, where the library's C++ code logs, to ``path``."""
+    """Send file descriptor 2, where the library's C++ code logs, to ``path``; this
+    process's own log lines (its progress) still go where stderr went."""
     saved = os.dup(2)
+    handlers = [handler for handler in logging.getLogger().handlers
+                if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr]
     try:
-        with open(path, "w") as log:
+        with open(path, "w") as log, open(os.dup(saved), "w", buffering=1) as stream:
             os.dup2(log.fileno(), 2)
-            yield
+            for handler in handlers:
+                handler.setStream(stream)
+            try:
+                yield
+            finally:
+                for handler in handlers:
+                    handler.setStream(sys.stderr)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def trained_pairs(log: str) -> int:
+    """Pair passes done by the library's training, from its log: a dot per
+    :data:`DOT_PAIRS` pairs of each pass over the corpus, on lines of their own."""
+    return DOT_PAIRS * sum(len(run) for run in re.findall(r"(?m)^\.+$", log + "\n"))
+
+
+def training_progress(progress: Progress):
+    """An ``on_text`` for :func:`watching` the library's training log."""
+    log = []
+
+    def on_text(text: str) -> None:
+        log.append(text)
+        progress.update(trained_pairs("".join(log)) - progress.done)
+    return on_text
 
 
 def train(corpus: str, workdir: str, settings: Settings) -> tuple:
@@ -122,11 +151,15 @@ def train(corpus: str, workdir: str, settings: Settings) -> tuple:
 
     forward, backward, log = (os.path.join(workdir, name)
                               for name in ("forward.probs", "backward.probs", "train.log"))
-    with stderr_to(log):
+    progress = Progress("train fast_align's model", TRAINING_PASSES * count_lines(corpus),
+                        unit="pair passes", log=logger)
+    with stderr_to(log), watching(log, training_progress(progress)):
         systran_align.generate_alignment_probabilities(
             corpus, forward, backward, verbose=True, favor_diagonal=settings.favor_diagonal,
             optimize_tension=settings.optimize_tension,
             variational_bayes=settings.variational_bayes, beam_threshold=KEEP_ALL)
+    progress.update(progress.total - progress.done)  # every pass is done (the dots are rounded)
+    progress.finish()
     with open(log) as f:
         text = f.read()
     sys.stderr.write(text)

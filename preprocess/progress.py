@@ -2,22 +2,32 @@
 
 A stage of ``convs2s-prepare`` or ``convs2s-align-dict`` on WMT-sized data runs for minutes
 to hours; silence for that long looks like a hang. :class:`Progress` logs one line at most
-every ``interval`` seconds (and one when the stage ends)::
+every ``interval`` seconds (10, or ``CONVS2S_PROGRESS_SECONDS`` from the environment), and
+one when the stage ends::
 
     learn BPE: 12,000/40,000 merges (30%), 610 merges/s, about 0:00:46 left
 
 Plain log lines, never carriage-return bars, so that a log written to a file stays one
 readable line per report (a progress bar's redraws would be one line of thousands).
 """
+import contextlib
 import datetime
 import logging
+import os
+import re
+import threading
 import time
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
-# Seconds between two progress lines of one stage.
-INTERVAL = 10.0
+# Seconds between two progress lines of one stage (the environment may say otherwise).
+INTERVAL_VARIABLE = "CONVS2S_PROGRESS_SECONDS"
+INTERVAL = float(os.environ.get(INTERVAL_VARIABLE, 10))
+# Seconds between two looks at a file that another process writes its progress to.
+POLL = min(1.0, max(INTERVAL, 0.05))
+# A log line as the commands write it (``logging.basicConfig``'s format in their main).
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \| (.*)$", re.MULTILINE)
 
 
 def _duration(seconds: float) -> str:
@@ -31,9 +41,10 @@ class Progress:
     """
 
     def __init__(self, stage: str, total: Optional[int] = None, unit: str = "pairs",
-                 interval: float = INTERVAL, log: logging.Logger = logger):
+                 interval: Optional[float] = None, log: logging.Logger = logger):
         self.stage, self.total, self.unit = stage, total, unit
-        self.interval, self.log = interval, log
+        self.interval = INTERVAL if interval is None else interval
+        self.log = log
         self.done = 0
         self.start = self.last = time.monotonic()
 
@@ -80,3 +91,46 @@ class CountingWriter:
         self.header -= skipped
         self.progress.update(lines - skipped)
         return self.file.write(text)
+
+
+@contextlib.contextmanager
+def watching(path: str, on_text: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, call ``on_text`` every :data:`POLL` seconds (and once at its
+    end) with what another process has written to ``path`` since the last call."""
+    stop, seen = threading.Event(), [0]
+
+    def look() -> None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(seen[0])
+                data = f.read()
+        except FileNotFoundError:
+            return
+        seen[0] += len(data)
+        if data:
+            on_text(data.decode("utf-8", errors="replace"))
+
+    def loop() -> None:
+        while not stop.wait(POLL):
+            look()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        look()
+
+
+def relay_log_lines(log: logging.Logger) -> Callable[[str], None]:
+    """An ``on_text`` for :func:`watching` that logs the log lines of a child command
+    (``TIME | message``) as this process's own; other output stays where it was written."""
+    partial = [""]
+
+    def on_text(text: str) -> None:
+        complete, _, partial[0] = (partial[0] + text).rpartition("\n")
+        for match in LOG_LINE.finditer(complete):
+            log.info(match[1])
+    return on_text

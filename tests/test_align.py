@@ -1,5 +1,6 @@
 """Tests of the alignment dictionary (convs2s-align-dict) for unknown-word replacement."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -363,6 +364,24 @@ def test_library_runs_in_a_child_process(tmp_path):
     assert "python -m convs2s_preprocess.fastalign" in proc.stderr
     assert proc.stdout.strip() == "False"
     assert (tmp_path / "align.dict").stat().st_size > 0
+
+
+@needs_reference
+@needs_systran_align
+def test_progress_of_the_aligner_is_relayed_as_log_lines(tmp_path):
+    """The child's training and decoding progress reaches convs2s-align-dict's log, with
+    rates, as lines: a log file of it holds no carriage-return bar."""
+    src, tgt = _write_pairs(tmp_path / "data", _reference_pairs(1500))
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+                           "-o", str(tmp_path / "align.dict"), "--workers", "2"], cwd=ROOT,
+                          capture_output=True, text=True, env=dict(os.environ, CONVS2S_PROGRESS_SECONDS="0"))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"\| train fast_align's model: 18,000/18,000 pair passes \(100%\), [\d,]+ pair "
+                     r"passes/s in \d", proc.stderr), proc.stderr
+    assert re.search(r"\| train fast_align's model: [\d,]+/18,000 pair passes \(\d\d?%\), [\d,]+ pair "
+                     r"passes/s, about \d+:\d\d:\d\d left", proc.stderr), proc.stderr  # before the end
+    assert re.search(r"\| align: 1,500/1,500 pairs \(100%\), [\d,]+ pairs/s in \d", proc.stderr)
+    assert "\r" not in proc.stderr
 
 
 # A killed convs2s-align-dict leaves no aligner running and no work folder ---------------
