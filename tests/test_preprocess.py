@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import BIN, DATA, ROOT
@@ -92,6 +93,26 @@ def test_bpe_codes_are_subword_nmts_on_the_text_for_any_workers(tmp_path, caplog
         learn_joint_bpe(paths, str(tmp_path / f"codes{workers}"), 800, workers=workers)
         assert (tmp_path / f"codes{workers}").read_text() == (tmp_path / "reference").read_text()
     assert "learn BPE: 800/800 merges (100%)" in caplog.text and "\r" not in caplog.text
+
+
+@pytest.mark.skipif(not (DATA / "wmt14-en-de").is_dir(), reason=f"WMT14 test sets not found under {DATA}")
+@pytest.mark.parametrize("folder, name, lang, romanian", [
+    ("wmt14-en-de", "newstest2014", "en", False), ("wmt14-en-fr", "newstest2014", "fr", False),
+    ("wmt14-en-de", "newstest2014", "de", False), ("wmt16-en-ro", "newsdev2016", "ro", True)])
+def test_tokenization_is_sacremoses_line_by_line(tmp_path, folder, name, lang, romanian):
+    """The compiled normalizer, the tokenizer's cached sets and the batches on 2 workers
+    give the text of sacremoses' own classes applied line by line, on real news text."""
+    normalizer, tokenizer = MosesPunctNormalizer(lang), MosesTokenizer(lang)
+    raw = DATA / folder / f"{name}.{lang}"
+    expected = []
+    for line in itertools.islice(read_lines(str(raw)), 1500):
+        line = normalizer.normalize(line)
+        line = normalize_romanian_line(line) if romanian else line
+        expected.append(tokenizer.tokenize(line, aggressive_dash_splits=True, escape=False,
+                                           return_str=True))
+    head(raw, 1500, tmp_path / "raw")
+    tokenize_file(str(tmp_path / "raw"), str(tmp_path / "tok"), lang, romanian, workers=2)
+    assert list(read_lines(str(tmp_path / "tok"))) == expected
 
 
 def test_tokenizer_splits_dashes_and_does_not_escape():
