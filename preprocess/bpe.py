@@ -20,7 +20,7 @@ from subword_nmt.learn_bpe import learn_bpe
 
 from .parallel import batched, map_batches, map_file
 from .progress import CountingWriter, Progress
-from .textio import map_lines, read_lines
+from .textio import count_lines, map_lines, read_lines
 
 DEFAULT_MERGES = 40000
 SEPARATOR = "@@"
@@ -29,15 +29,15 @@ _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
 COUNT_BATCH_LINES = 50000
 
 
-def _count_words(lines: list) -> Counter:
-    """Word counts of some lines, split as subword-nmt's ``get_vocabulary`` splits them, in
-    order of first occurrence."""
+def _count_words(lines: list) -> tuple:
+    """(number of lines, word counts of the lines), split as subword-nmt's
+    ``get_vocabulary`` splits them, in order of first occurrence."""
     counts = Counter()
     for line in lines:
         for word in line.strip("\r\n ").split(" "):
             if word:
                 counts[word] += 1
-    return counts
+    return len(lines), counts
 
 
 def count_words(paths: Sequence[str], workers: int = 1) -> Counter:
@@ -45,9 +45,12 @@ def count_words(paths: Sequence[str], workers: int = 1) -> Counter:
     first where it first occurs, as subword-nmt counts: its codes depend on that order
     (words of equal counts keep it when sorted)."""
     counts = Counter()
+    progress = Progress("count words for BPE", sum(map(count_lines, paths)), unit="lines")
     lines = itertools.chain.from_iterable(map(read_lines, paths))
-    for batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
+    for batch, batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
         counts.update(batch_counts)
+        progress.update(batch)
+    progress.finish()
     return counts
 
 

@@ -414,8 +414,11 @@ def _fairseq_counts(log: Path) -> dict:
 
 
 def _run_prepare(*args: str) -> subprocess.CompletedProcess:
+    """convs2s-prepare with its stderr in a pipe, not a terminal, and a progress line for every
+    batch of work."""
     return subprocess.run([sys.executable, "-m", "convs2s_preprocess.pipeline", *args], cwd=ROOT,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True,
+                          env=dict(os.environ, CONVS2S_PROGRESS_SECONDS="0"))
 
 
 @needs_data
@@ -452,6 +455,15 @@ def test_prepare_multi30k_end_to_end(tmp_path):
             else:
                 assert raw.read_text(encoding="utf-8") == text.read_text(encoding="utf-8")
     assert counts[str(out / "bpe" / "train.en")][0] == kept
+    # Each long stage logs its progress with its rate (and, before the end, the time left);
+    # written to a pipe, the log holds lines, not carriage-return bars.
+    assert re.search(r"\| learn BPE: \d{3}/1,000 merges \(\d\d%\), [\d,]+ merges/s, about "
+                     r"\d+:\d\d:\d\d left\n", proc.stderr), proc.stderr
+    assert "| learn BPE: 1,000/1,000 merges (100%)" in proc.stderr
+    for stage in (f"tokenize {train}.de: 2,000/2,000 lines", f"apply BPE to {out}/tok/valid.en: 200/200 lines",
+                  f"binarize {out}/bpe/train.en: {kept:,}/{kept:,} lines", "count words for BPE: "):
+        assert re.search(re.escape(stage) + r".*, [\d,]+ \w+/s in \d", proc.stderr), stage
+    assert "\r" not in proc.stderr
     assert not list(out.rglob(".*.tmp"))  # no temporary files left
     assert len(list(out.rglob(".*.built-from.json"))) == 9  # one record per step
 
