@@ -13,13 +13,16 @@ import os
 from .checkpoints import allow_fairseq_checkpoints
 from .excepthook import install_excepthook, runs_fairseq_command
 from .hydra_configs import register_base_config
+from .quiet import filter_warnings, repair_fairseq_logging
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
 
 allow_fairseq_checkpoints()
 register_base_config(USER_DIR)
+filter_warnings()  # only those the user can do nothing about (see .quiet)
 if runs_fairseq_command():
     install_excepthook()
+    repair_fairseq_logging()
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402

@@ -50,6 +50,7 @@ from fairseq.tokenizer import tokenize_line
 from omegaconf import OmegaConf, open_dict
 
 from ..generation.unknown_words import hypothesis_words, read_align_dict
+from ..quiet import at_debug
 
 # Where BPE codes may lie, relative to the binarized folder: fairseq's hub names, then the
 # layout of a convs2s-prepare folder.
@@ -168,7 +169,8 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
         if kwargs.get("replace_unk") is not None:
             raise ValueError("replace_unk needs the source text, which token ids do not keep: "
                              "use translate() or sample(), which take the sentences")
-        return super().generate(tokenized_sentences, *args, **kwargs)
+        with at_debug("fairseq.tasks.fairseq_task"):  # its batching lines, at INFO on every call
+            return super().generate(tokenized_sentences, *args, **kwargs)
 
     def _decode(self, hypo, src_tokens, text, align_dict) -> str:
         tokens = hypo["tokens"]
