@@ -28,3 +28,8 @@ from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402
 
 __all__ = ["USER_DIR", "ConvS2SModel"]
+
+if runs_fairseq_command():
+    from .cli.fairseq_help import print_complete_help
+
+    print_complete_help()  # with --help: also the options of --task, --arch, ... (see there)

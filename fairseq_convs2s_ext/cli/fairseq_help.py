@@ -1,0 +1,84 @@
+"""``fairseq-train --user-dir ... --help --task convs2s_translation --arch convs2s_wmt_en_ro``:
+the help with the task's, the architecture's and the chosen components' options.
+
+fairseq's ``options.parse_args_and_arch`` parses the command line twice: first with the
+command's general options only, to learn ``--task``, ``--arch``, ``--criterion``, ...; then,
+after adding their options, again. Its parser answers ``--help`` on the first parse, before
+any of those options exist, so ``--help`` never shows ``--vocab-selection`` or
+``--encoder-layers`` (nor, for fairseq's own ``--arch fconv``, ``--encoder-layers``).
+
+fairseq offers a plugin no hook between its two parses; the one hook that runs before them
+is the import of ``--user-dir``, which happens while the command builds its parser. So when
+the plugin is imported by one of these commands with ``-h``/``--help`` on its command line,
+:func:`print_complete_help` builds the command's parser with fairseq's own functions, adds
+the options exactly as the second parse would (the same registries and ``add_args``), prints
+the help and exits, as argparse does for ``--help``.
+"""
+import argparse
+import os
+import sys
+
+# fairseq command (fairseq_cli module) -> the fairseq.options function that builds its parser.
+PARSERS = {
+    "train": "get_training_parser",
+    "generate": "get_generation_parser",
+    "interactive": "get_interactive_generation_parser",
+    "validate": "get_validation_parser",
+    "eval_lm": "get_eval_lm_parser",
+}
+
+
+def fairseq_command() -> str:
+    """The fairseq_cli module the program runs (``train`` for fairseq-train or ``python -m
+    fairseq_cli.train``), or ""."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("fairseq_cli."):
+        return spec.name.split(".", 1)[1]
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name[len("fairseq-"):].replace("-", "_") if name.startswith("fairseq-") else ""
+
+
+def asks_for_help(argv) -> bool:
+    return "-h" in argv or "--help" in argv
+
+
+def complete_parser(command: str, argv) -> argparse.ArgumentParser:
+    """The parser fairseq's second parse uses for ``argv``: the command's options, then those of
+    its architecture, task and components (criterion, optimizer, ...)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import gen_parser_from_dataclass
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_REGISTRY
+
+    parser = getattr(options, PARSERS[command])()
+    chosen = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the first parse, without --help
+    for name in ("task", "arch", *REGISTRIES):
+        flags = ["--" + name.replace("_", "-")] + (["-a"] if name == "arch" else [])
+        chosen.add_argument(*flags, dest=name, default=parser.get_default(name))
+    args, _ = chosen.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    if args.arch is not None:
+        group = parser.add_argument_group("Model-specific configuration", argument_default=argparse.SUPPRESS)
+        model = ARCH_MODEL_REGISTRY.get(args.arch) or MODEL_REGISTRY.get(args.arch)
+        if model is not None:
+            model.add_args(group)
+    if args.task in TASK_REGISTRY:
+        TASK_REGISTRY[args.task].add_args(parser)
+    for name, registry in REGISTRIES.items():
+        cls = registry["registry"].get(getattr(args, name))
+        if cls is None:
+            continue
+        if hasattr(cls, "add_args"):
+            cls.add_args(parser)
+        elif hasattr(cls, "__dataclass"):
+            gen_parser_from_dataclass(parser, cls.__dataclass())
+    return parser
+
+
+def print_complete_help(argv=None) -> None:
+    """In a fairseq command asked for ``--help``: print the complete help and exit 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    command = fairseq_command()
+    if command in PARSERS and asks_for_help(argv):
+        complete_parser(command, argv).print_help()
+        sys.exit(0)
