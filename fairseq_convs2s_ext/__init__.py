@@ -14,6 +14,7 @@ from .checkpoints import allow_fairseq_checkpoints
 from .excepthook import install_excepthook, runs_fairseq_command
 from .hydra_configs import register_base_config
 from .quiet import filter_warnings, repair_fairseq_logging
+from .threads import apply_to_command as choose_command_threads
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
 
@@ -23,6 +24,7 @@ filter_warnings()  # only those the user can do nothing about (see .quiet)
 if runs_fairseq_command():
     install_excepthook()
     repair_fairseq_logging()
+    choose_command_threads()  # no more threads than idle cores, or OMP_NUM_THREADS (see .threads)
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402
