@@ -8,13 +8,15 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 # Where corpora are read from, and downloaded to when missing: DATA=DIR, passed on to the recipes
 # and tests as CONVS2S_DATA. Without it, convs2s_recipes.corpora.data_root() decides (CONVS2S_DATA,
-# else ../shared/data where it exists, else $XDG_CACHE_HOME/convs2s or ~/.cache/convs2s);
-# `.venv/bin/convs2s-data --where` prints it.
+# else ../shared/data beside the folder make runs in, the checkout, where it exists, else
+# $XDG_CACHE_HOME/convs2s or ~/.cache/convs2s); `.venv/bin/convs2s-data --where` prints it.
 DATA ?=
 ifneq ($(DATA),)
 export CONVS2S_DATA := $(abspath $(DATA))
 endif
-# Work folder of a recipe (default: work/NAME); ARGS: hydra overrides; SMOKE=1: smoke mode.
+# Work folder of a recipe (default: work/NAME in the checkout, where make runs); ARGS: hydra
+# overrides; SMOKE=1: smoke mode. Threads: OMP_NUM_THREADS=N make ... sets them; by default the
+# recipe uses the cores that are idle when it starts (fairseq_convs2s_ext/threads.py).
 WORK ?=
 ARGS ?=
 RECIPE = $(PY) -m convs2s_recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)

@@ -23,17 +23,18 @@ from convs2s_preprocess.atomic import atomic_outputs
 from .download import REMEDY, DownloadError, fetch, mirrored, sha256_of
 
 logger = logging.getLogger(__name__)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def data_root() -> str:
     """The data folder, the one place this rule is written: ``CONVS2S_DATA`` when set (the
-    Makefile sets it from ``DATA=``); else ``shared/data`` beside the checkout where that folder
-    exists (this project's own machines); else the user's cache folder, ``$XDG_CACHE_HOME/convs2s``
-    or ``~/.cache/convs2s``. Nothing is ever created beside the checkout."""
+    Makefile sets it from ``DATA=``); else ``../shared/data``, ``shared/data`` beside the
+    current folder, where that folder exists (this project's machines: a checkout beside
+    ``shared/``, commands run from its root); else the user's cache folder,
+    ``$XDG_CACHE_HOME/convs2s`` or ``~/.cache/convs2s``. Where the package is installed plays
+    no part, and nothing is ever created beside the current folder."""
     if os.environ.get("CONVS2S_DATA"):
         return os.environ["CONVS2S_DATA"]
-    shared = os.path.join(os.path.dirname(REPO), "shared", "data")
+    shared = os.path.abspath(os.path.join(os.pardir, "shared", "data"))
     if os.path.isdir(shared):
         return shared
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -1,9 +1,10 @@
 """``convs2s-recipe NAME``: one of the paper's experiments end to end (section 4).
 
 download -> prepare (tokenize, clean, BPE, binarize) -> train (fairseq-hydra-train's training with
-the recipe's YAML in recipes/configs/recipe, plus any ``key=value`` overrides) -> generate (beam 5,
-length-normalized scores, every test sentence) -> score -> ``report.md`` and ``report.json`` in the
-work folder. A word-level recipe with ``replace_unk`` (``multi30k-unk``) also builds the alignment
+the recipe's YAML, ``recipe/NAME.yaml`` in the installed config folder that ``convs2s-recipe
+--config-dir`` prints, plus any ``key=value`` overrides) -> generate (beam 5, length-normalized
+scores, every test sentence) -> score -> ``report.md`` and ``report.json`` in the work folder,
+``./work/NAME`` in the folder the command runs in unless ``--work`` names another. A word-level recipe with ``replace_unk`` (``multi30k-unk``) also builds the alignment
 dictionary and translates again with ``--replace-unk``, and reports both scores and the
 replacements (see :mod:`convs2s_recipes.unknown_words`). Every step resumes: prepared files are kept,
 fairseq resumes training from checkpoint_last.
@@ -11,6 +12,10 @@ fairseq resumes training from checkpoint_last.
 ``--smoke`` runs the same recipe with a tiny model and a few updates, to check the whole pipeline:
 en-ro on small local data (RO-STS for training, newsdev2016 and newstest2016), multi30k-unk on
 its own data.
+
+Threads: the recipe chooses its thread count once (:mod:`fairseq_convs2s_ext.threads`:
+``OMP_NUM_THREADS`` when set, else the idle cores), trains with it and hands it to the
+fairseq commands it starts as ``OMP_NUM_THREADS``.
 """
 import argparse
 import json
@@ -30,14 +35,12 @@ from convs2s_preprocess.textio import read_lines
 
 from . import corpora, score, unknown_words
 from .download import DownloadError
-from .settings import CONFIG_DIR
+from .settings import CONFIG_DIR, PrintConfigDir
 
 # Imported where used, so that `convs2s-recipe --help` answers at once: convs2s_preprocess.pipeline
 # and convs2s_preprocess.tokenize (sacremoses), hydra, fairseq and the plugin.
 
 logger = logging.getLogger("convs2s-recipe")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,10 @@ def fetch_data(recipe, data_dir, work, backtranslation=True):
     return experiment, train_prefix, experiment.valid.prefix(data_dir), experiment.test.prefix(data_dir)
 
 
-def prepare_data(recipe, data_dir, work, backtranslation=True):
+def prepare_data(recipe, data_dir, work, backtranslation=True, workers=None):
     """Fetch and prepare a recipe's corpus in ``work/prepared``: (experiment, raw test prefix,
-    prepared folder, binarized folder). The benchmark prepares its data here too."""
+    prepared folder, binarized folder). The benchmark prepares its data here too. ``workers``:
+    processes for tokenizing and binarizing (default: convs2s-prepare's, the usable cores)."""
     if isinstance(recipe, str):
         recipe = RECIPES[recipe]
     os.makedirs(work, exist_ok=True)
@@ -96,7 +100,7 @@ def prepare_data(recipe, data_dir, work, backtranslation=True):
     data_bin = prepare(prepared, experiment.src, experiment.tgt, train_prefix, valid_prefix, test_prefix,
                        romanian=recipe.romanian, bpe_merges=recipe.bpe_merges, ratio=recipe.ratio,
                        nwords=recipe.nwords, joined_dictionary=recipe.joined_dictionary,
-                       workers=os.cpu_count() or 1)
+                       workers=workers)
     return experiment, test_prefix, prepared, data_bin
 
 
@@ -108,7 +112,8 @@ def train(recipe, data_bin, work, overrides):
     which warns that it passes no version_base. We pass hydra 1.1's, the one fairseq is written
     for: the version is global to the process, and under a later one fairseq's own use of
     ``hydra.experimental`` (to read argparse-era checkpoints) fails. The same config trains with
-    ``fairseq-hydra-train --config-dir recipes/configs --config-name recipe/NAME task.data=...``.
+    ``fairseq-hydra-train --config-dir "$(convs2s-recipe --config-dir)" --config-name recipe/NAME
+    task.data=...``.
     """
     from fairseq.dataclass.initialize import add_defaults
     from fairseq.dataclass.utils import omegaconf_no_object_check
@@ -130,28 +135,39 @@ def train(recipe, data_bin, work, overrides):
     return os.path.join(save_dir, "checkpoint_best.pt")
 
 
-def generate(recipe, data_bin, checkpoint, work, align_dict=None):
+def generate_command(recipe, data_bin, checkpoint, threads, align_dict=None):
+    """fairseq-generate's command line for the test set, run by this Python (``python -m
+    fairseq_cli.generate``: no console script needs to be on the PATH), with the plugin's
+    absolute folder and task, and its environment: the recipe's threads as OMP_NUM_THREADS."""
+    from fairseq_convs2s_ext import USER_DIR
+    from fairseq_convs2s_ext.threads import environment
+
+    command = [
+        sys.executable, "-m", "fairseq_cli.generate", data_bin, "--user-dir", USER_DIR,
+        "--task", "convs2s_translation", "--path", checkpoint,
+        "--gen-subset", "test", "--beam", "5", "--lenpen", "1", "--batch-size", "128",
+        "--required-batch-size-multiple", "1",
+        "--max-len-a", str(recipe.max_len_a), "--max-len-b", str(recipe.max_len_b),
+    ]
+    if align_dict:
+        command += ["--dataset-impl", "raw", "--replace-unk", align_dict]
+    return command, environment(threads)
+
+
+def generate(recipe, data_bin, checkpoint, work, threads, align_dict=None):
     """Beam 5 over the whole test set; returns the hypotheses in test-set order.
 
     With ``align_dict``, unknown words are replaced (``--replace-unk``): the task reads the test
     text that convs2s-prepare keeps beside the binaries as fairseq's raw text."""
-    from fairseq_convs2s_ext import USER_DIR
-
     output = os.path.join(work, "generate-test-replace-unk.txt" if align_dict else "generate-test.txt")
     inputs = [checkpoint] + ([align_dict] if align_dict else [])
     if not os.path.exists(output) or os.path.getmtime(output) < max(map(os.path.getmtime, inputs)):
-        command = [
-            os.path.join(BIN, "fairseq-generate"), data_bin, "--user-dir", USER_DIR, "--path", checkpoint,
-            "--gen-subset", "test", "--beam", "5", "--lenpen", "1", "--batch-size", "128",
-            "--required-batch-size-multiple", "1",
-            "--max-len-a", str(recipe.max_len_a), "--max-len-b", str(recipe.max_len_b),
-        ]
-        if align_dict:
-            command += ["--task", "convs2s_translation", "--dataset-impl", "raw", "--replace-unk", align_dict]
-        logger.info("generating: %s", " ".join(command))
+        command, env = generate_command(recipe, data_bin, checkpoint, threads, align_dict)
+        logger.info("generating: OMP_NUM_THREADS=%s fairseq-generate %s", env["OMP_NUM_THREADS"],
+                    " ".join(command[3:]))
         with atomic_outputs([output]) as (temp,):
             with open(temp, "w", encoding="utf-8") as out:
-                subprocess.run(command, check=True, stdout=out)
+                subprocess.run(command, check=True, stdout=out, env=env)
     hypotheses = {}
     with open(output, encoding="utf-8") as f:
         for line in f:
@@ -181,9 +197,9 @@ def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
     return results, detok
 
 
-def report(name, work, results, sources, outputs, references, overrides, seconds):
+def report(name, work, results, sources, outputs, references, overrides, seconds, threads):
     lines = [f"# {name}", "", f"- test sentences: {len(outputs)}", f"- overrides: {' '.join(overrides) or 'none'}",
-             f"- wall time: {seconds / 60:.1f} min", ""]
+             f"- wall time: {seconds / 60:.1f} min", f"- CPU threads: {threads.count} ({threads.why})", ""]
     for metric, value in results.items():
         lines.append(f"- {metric}: {value['text'] if isinstance(value, dict) and 'text' in value else value}")
         if isinstance(value, dict) and "signature" in value:
@@ -200,7 +216,7 @@ def report(name, work, results, sources, outputs, references, overrides, seconds
     print(text)
 
 
-def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
+def run(name, data_dir, work, threads, smoke=False, backtranslation=True, overrides=()):
     started = time.time()
     recipe = RECIPES[name]
     overrides = list(overrides)
@@ -209,13 +225,14 @@ def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
             raise SystemExit(f"error: no smoke mode for {name}; smoke runs exist for {', '.join(SMOKE)}")
         recipe = replace(recipe, **SMOKE[name])
         overrides = SMOKE_OVERRIDES + overrides
-    experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation)
+    experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation,
+                                                               workers=threads.count)
     align_dict = unknown_words.align_dictionary(prepared, experiment, work) if recipe.replace_unk else None
     checkpoint = train(recipe, data_bin, work, overrides)
-    hypotheses, output = generate(recipe, data_bin, checkpoint, work)
+    hypotheses, output = generate(recipe, data_bin, checkpoint, work, threads)
     results, outputs = evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output)
     if align_dict:  # the same translations with their <unk> replaced; the report shows these
-        replaced, output = generate(recipe, data_bin, checkpoint, work, align_dict)
+        replaced, output = generate(recipe, data_bin, checkpoint, work, threads, align_dict)
         replaced_results, outputs = evaluate(recipe, experiment, replaced, test_prefix, prepared, output)
         results.update({f"{metric}_replace_unk": value for metric, value in replaced_results.items()})
         results["unknown_words"] = unknown_words.count_replacements(hypotheses, replaced, prepared, experiment,
@@ -223,7 +240,7 @@ def run(name, data_dir, work, smoke=False, backtranslation=True, overrides=()):
     sources = list(read_lines(f"{test_prefix}.{experiment.src}"))
     references = list(read_lines(f"{test_prefix}.{experiment.tgt}"))
     report(name + (" (smoke)" if smoke else ""), work, results, sources, outputs, references, overrides,
-           time.time() - started)
+           time.time() - started, threads)
     return results
 
 
@@ -233,11 +250,15 @@ def parser():
     p.add_argument("name", choices=sorted(RECIPES), metavar="NAME",
                    help=f"the recipe: {', '.join(sorted(RECIPES))}")
     p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="hydra overrides of the recipe's config (recipes/configs/recipe/NAME.yaml)")
+                   help="hydra overrides of the recipe's config (recipe/NAME.yaml in the config folder)")
+    p.add_argument("--config-dir", action=PrintConfigDir,
+                   help="print the folder of the installed recipe configs and exit: for fairseq-hydra-train "
+                        '--config-dir "$(convs2s-recipe --config-dir)" --config-name recipe/NAME ...')
     p.add_argument("--data", default=corpora.data_root(),
                    help="corpus cache/mirror folder (env CONVS2S_DATA); missing corpora are downloaded into it "
                         "(default: %(default)s)")
-    p.add_argument("--work", help="work folder (default: work/NAME in the checkout)")
+    p.add_argument("--work", help="work folder (default: ./work/NAME in the current folder; "
+                                  "./work/NAME-smoke with --smoke)")
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny model, few updates, small local data; recipes with a smoke mode: {', '.join(SMOKE)}")
     p.add_argument("--no-backtranslation", action="store_true",
@@ -245,24 +266,38 @@ def parser():
     return p
 
 
+def _program(command):
+    """The name a user knows a command by: fairseq-generate for ``python -m fairseq_cli.generate``."""
+    if len(command) > 2 and command[1] == "-m":
+        return command[2].replace("fairseq_cli.", "fairseq-")
+    return os.path.basename(command[0])
+
+
+def work_folder(args):
+    """--work, else ./work/NAME (NAME-smoke, NAME-no-bt) in the folder the command runs in:
+    never inside the installed package."""
+    suffix = ("-smoke" if args.smoke else "") + ("-no-bt" if args.no_backtranslation else "")
+    return os.path.abspath(args.work or os.path.join("work", args.name + suffix))
+
+
 def main(argv=None):
     args = parser().parse_intermixed_args(argv)
     from hydra.errors import HydraException
 
+    from fairseq_convs2s_ext import threads
     from fairseq_convs2s_ext.excepthook import install_excepthook
 
     install_excepthook()  # a checkpoint that cannot be read as training resumes: one line
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
-    suffix = ("-smoke" if args.smoke else "") + ("-no-bt" if args.no_backtranslation else "")
-    work = args.work or os.path.join(ROOT, "work", args.name + suffix)
+    chosen = threads.apply(threads.current())  # this process trains; its fairseq-generate gets the same
     try:
-        run(args.name, os.path.abspath(args.data), os.path.abspath(work), args.smoke,
+        run(args.name, os.path.abspath(args.data), work_folder(args), chosen, args.smoke,
             not args.no_backtranslation, args.overrides)
     except (PreprocessError, DownloadError, score.ScoreError, HydraException) as e:
         sys.exit(f"error: {e}")
     except subprocess.CalledProcessError as e:
-        sys.exit(f"error: {os.path.basename(e.cmd[0])} failed with exit status {e.returncode} (its output is above)")
+        sys.exit(f"error: {_program(e.cmd)} failed with exit status {e.returncode} (its output is above)")
 
 
 if __name__ == "__main__":

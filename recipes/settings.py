@@ -1,17 +1,34 @@
 """The paper's training settings (section 4.2) for code that does not compose a hydra config.
 
-Their one home is ``recipes/configs/paper.yaml``, with a recipe's ``recipe/NAME.yaml`` over it:
-the recipes and ``fairseq-hydra-train`` compose those files with hydra. The benchmark (its
+Their one home is ``paper.yaml`` in the recipes' config folder (:data:`CONFIG_DIR`, installed
+with the package as its data, printed by ``convs2s-recipe --config-dir``), with a recipe's
+``recipe/NAME.yaml`` over it: the recipes and ``fairseq-hydra-train --config-dir
+"$(convs2s-recipe --config-dir)"`` compose those files with hydra. The benchmark (its
 reference fconv is trained by stock ``fairseq-train``, its timing loop builds fairseq's
 optimizer itself) and the tests that run ``fairseq-train`` read the same files here, with
 omegaconf alone, so that a setting changed in the YAML changes for them too.
 """
+import argparse
 import os
 from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+# Package data (setup.py's package_data): found beside this module in a checkout, an editable
+# install and a wheel alike.
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+class PrintConfigDir(argparse.Action):
+    """``--config-dir``: print :data:`CONFIG_DIR` and exit, whatever else the command line says
+    (as ``--help`` does), for ``fairseq-hydra-train --config-dir "$(convs2s-recipe --config-dir)"``."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(CONFIG_DIR)
+        parser.exit()
 
 # The optimization settings, as (config group, key): NAG and its momentum, the learning rate
 # and its reduce-on-plateau schedule, gradient clipping, label smoothing and dropout. The

@@ -3,6 +3,7 @@ those outside the plugin package answer without importing fairseq or torch."""
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,17 @@ def test_recipe_help_names_the_recipes_with_a_smoke_mode():
     text = help_of(SCRIPTS["convs2s-recipe"]).stdout
     assert re.search(r"recipes\s+with a smoke mode: wmt16-en-ro", text)
     assert all(name in text for name in ("gigaword", "multi30k-demo", "wmt14-en-de", "wmt14-en-fr", "wmt16-en-ro"))
+
+
+def test_recipe_prints_the_installed_config_folder():
+    """`convs2s-recipe --config-dir`: the folder fairseq-hydra-train's --config-dir takes, printed
+    at once (without torch or fairseq), whatever else the command line holds."""
+    from convs2s_recipes.settings import CONFIG_DIR
+
+    for argv in (["--config-dir"], ["wmt16-en-ro", "--config-dir", "--smoke"]):
+        code = (f"import sys\nfrom convs2s_recipes.run import main\nsys.argv[1:] = {argv!r}\ntry:\n    main()\n"
+                "except SystemExit as e:\n    assert not e.code, e.code\nprint('IMPORTED', 'torch' in sys.modules)")
+        proc = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == [CONFIG_DIR, "IMPORTED", "False"]
+    assert {"paper.yaml", "recipe"} <= {p.name for p in Path(CONFIG_DIR).iterdir()}

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 import fairseq_convs2s_ext  # noqa: F401  (registers the model)
 from cli_helpers import run, write_lines
 from conftest import ROOT
+from convs2s_recipes.settings import CONFIG_DIR
 from fairseq_convs2s_ext.modules import parse_layers
 from model_helpers import build, dictionary
 
-CONFIG_DIR = ROOT / "recipes" / "configs"
 EN_DE = [(512, 3)] * 10 + [(768, 3)] * 3 + [(2048, 1)] * 2
 
 
@@ -63,7 +63,7 @@ def test_fairseq_hydra_train_takes_model_overrides_without_plus(data_bin, tmp_pa
 def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.1"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.1"):
         cfg = compose("recipe/wmt14_en_de", ["task.data=unused", *overrides])
     add_defaults(cfg)
     return cfg
@@ -136,7 +136,7 @@ def test_recipe_training_shows_no_hydra_deprecation_warnings_and_logs_to_tensorb
     fairseq's "Please install tensorboardX"; --tensorboard-logdir works."""
     overrides = ["model=convs2s_tiny", "optimization.max_update=2", "dataset.max_tokens=500",
                  f"common.tensorboard_logdir={tmp_path / 'tensorboard'}"]
-    code = ("import logging, sys\nfrom recipes import run\nlogging.basicConfig(level=logging.INFO)\n"
+    code = ("import logging, sys\nfrom convs2s_recipes import run\nlogging.basicConfig(level=logging.INFO)\n"
             f"run.train(run.RECIPES['multi30k-demo'], {str(data_bin)!r}, {str(tmp_path)!r}, {overrides!r})")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, capture_output=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,18 +1,23 @@
-"""Recipes end to end (the en-ro smoke run, a shortened `make demo`) and their building blocks."""
+"""Recipes end to end (a shortened `make demo`; the en-ro smoke run is in test_wheel_install.py)
+and their building blocks: work and data folders, configs, generation, corpora."""
 import gzip
 import io
 import json
+import os
 import re
 import subprocess
+import sys
 import tarfile
 
 import pytest
 from omegaconf import OmegaConf
 
 from conftest import BIN, ROOT
-from convs2s_recipes import corpora, score
+from convs2s_recipes import corpora, run, score
 from convs2s_recipes.download import DownloadError
-from convs2s_recipes.settings import OPTIMIZATION, fairseq_options, training_config
+from convs2s_recipes.settings import CONFIG_DIR, OPTIMIZATION, fairseq_options, training_config
+from fairseq_convs2s_ext import USER_DIR
+from fairseq_convs2s_ext.threads import Threads
 
 
 def make(target, work, *args, data_dir):
@@ -26,18 +31,8 @@ def hypothesis_ids(path):
     return sorted(int(m) for m in re.findall(r"^H-(\d+)\t", path.read_text(encoding="utf-8"), flags=re.M))
 
 
-def test_smoke_recipe_wmt16_en_ro(tmp_path, data_dir):
-    """The whole en-ro recipe on local data: prepare, fairseq-hydra-train, generate, score."""
-    work = tmp_path / "en-ro"
-    log = make("recipe-wmt16-en-ro", work, "SMOKE=1", data_dir=data_dir)
-    assert hypothesis_ids(work / "generate-test.txt") == list(range(1999))  # all of newstest2016
-    results = json.loads((work / "report.json").read_text())
-    assert results["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
-    assert "test sentences: 1999" in (work / "report.md").read_text()
-    assert "num_updates 60" in log
-    # The Romanian side was normalized as in Sennrich's WMT16 pipeline (no diacritics).
-    train_ro = (work / "prepared" / "tok" / "train.clean.ro").read_text(encoding="utf-8")
-    assert not set("ăâîșțşţ") & set(train_ro)
+# The en-ro smoke recipe runs from a wheel's install, in a folder outside the checkout:
+# tests/test_wheel_install.py.
 
 
 def test_shortened_demo(tmp_path, data_dir):
@@ -75,7 +70,7 @@ def test_training_settings_are_what_fairseq_hydra_train_composes():
     """training_config reads the YAML files without hydra; its settings are the ones hydra composes
     for the recipe with the deepest defaults (multi30k_unk on multi30k_demo on paper)."""
     proc = subprocess.run(
-        [str(BIN / "fairseq-hydra-train"), "--config-dir", str(ROOT / "recipes" / "configs"),
+        [str(BIN / "fairseq-hydra-train"), "--config-dir", CONFIG_DIR,
          "--config-name", "recipe/multi30k_unk", "task.data=unused", "checkpoint.save_dir=unused", "--cfg", "job"],
         cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -154,9 +149,48 @@ def test_smoke_mode_trains_the_tiny_model(name):
 
     import fairseq_convs2s_ext  # noqa: F401  (the model configs hydra composes from)
     from convs2s_recipes.run import SMOKE_OVERRIDES
-    from convs2s_recipes.settings import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.1"):
         cfg = compose(config_name=f"recipe/{name}", overrides=["task.data=/unused", *SMOKE_OVERRIDES])
     assert cfg.model._name == "convs2s_tiny"
     assert (cfg.model.encoder_layers, cfg.model.decoder_layers) == ("[(32, 3)] * 2", "[(32, 3)] * 2")
+
+
+def test_work_folder_is_in_the_current_folder(tmp_path, monkeypatch):
+    """Not beside the package: an editable install's recipe run from another folder wrote its
+    work folder into the checkout, a wheel's into site-packages."""
+    monkeypatch.chdir(tmp_path)
+    assert run.work_folder(run.parser().parse_args(["wmt16-en-ro", "--smoke"])) == str(tmp_path / "work" /
+                                                                                     "wmt16-en-ro-smoke")
+    assert run.work_folder(run.parser().parse_args(["gigaword", "--work", "w"])) == str(tmp_path / "w")
+
+
+def test_data_root_is_found_from_the_current_folder(tmp_path, monkeypatch):
+    """CONVS2S_DATA, else shared/data beside the current folder (a clone beside shared/, run
+    from its root), else the user's cache: never a rule on where the package is installed."""
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "clone").mkdir()
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    monkeypatch.delenv("CONVS2S_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path / "clone")
+    assert corpora.data_root() == str(tmp_path / "shared" / "data")
+    monkeypatch.chdir(tmp_path / "elsewhere" / "deeper")
+    assert corpora.data_root() == str(tmp_path / "cache" / "convs2s")
+    monkeypatch.setenv("CONVS2S_DATA", str(tmp_path / "mine"))
+    assert corpora.data_root() == str(tmp_path / "mine")
+
+
+def test_generate_runs_with_the_plugin_and_the_recipes_threads(tmp_path):
+    """The recipe's fairseq-generate: this Python's fairseq, the plugin's absolute folder and
+    task (fairseq's stock task is slower and lacks the plugin's generation), and the recipe's
+    thread count in its environment."""
+    recipe = run.RECIPES["multi30k-demo"]
+    command, env = run.generate_command(recipe, "bin", "checkpoint.pt", Threads(3, "test"))
+    assert command[:3] == [sys.executable, "-m", "fairseq_cli.generate"]
+    assert command[command.index("--user-dir") + 1] == USER_DIR and os.path.isabs(USER_DIR)
+    assert command[command.index("--task") + 1] == "convs2s_translation"
+    assert env["OMP_NUM_THREADS"] == "3" and env["PATH"] == os.environ["PATH"]
+    replace_unk, _ = run.generate_command(recipe, "bin", "checkpoint.pt", Threads(1, "test"), "align.dict")
+    assert replace_unk[-4:] == ["--dataset-impl", "raw", "--replace-unk", "align.dict"]
+    assert run._program(command) == "fairseq-generate"
