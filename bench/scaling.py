@@ -1,0 +1,409 @@
+"""Data preparation at WMT scale: each stage's speed and memory, ours against fairseq's pipeline.
+
+``python -m bench.scaling --sizes 100000 500000 [--with-2m] --json scaling.json --plot scaling.png``
+
+For each corpus size it runs every stage of ``convs2s-prepare`` and ``convs2s-align-dict``
+(tokenize, clean, learn BPE, apply BPE, binarize, alignment dictionary) and the pipeline of
+fairseq's ``prepare-wmt14en2fr.sh`` (Moses perl scripts where ``--moses DIR`` gives a
+mosesdecoder checkout, else sacremoses' command line with the same rules; subword-nmt's
+``learn-bpe`` and ``apply-bpe``; ``fairseq-preprocess --workers N``; the ``fast_align``
+binary where it is on PATH), each stage as a process of its own, and records its wall
+time, its CPU time (with its worker processes') and the peak memory of its process tree
+(proportional set size, so pages that forked workers share count once). It prints, per
+stage, pairs per second, pairs per CPU-second (per core) and peak MiB, and the
+extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 cores:
+
+- CPU time grows with the corpus as fitted over the sizes measured (``cpu = a * pairs^b``,
+  b between 0.5 and 2; one size: proportional);
+- a stage's serial fraction s is estimated from its run on N workers
+  (wall = cpu * (s + (1 - s) / N), Amdahl's law), or taken from what the stage is when N = 1
+  (learning BPE's merges and fast_align's training run on one core), and its time on c
+  cores is cpu * (s + (1 - s) / c): ideal scaling of the parallel part, an optimistic bound;
+- peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
+  rough guide only.
+
+Each stage's fixed costs (starting Python, importing fairseq) are measured on a corpus of
+:data:`FIXED_PAIRS` pairs and taken off before the fit (and added back once).
+
+The corpora are built from the en-de pairs of the shared data (Multi30k, WMT14 newstest,
+about 37k distinct pairs), never downloaded: the first pass over them as they are, each
+later pass r with every pair joined to another one drawn at random and, in a third of the
+pairs, the longest word of each side given one of about sqrt(r) suffixes, so that the
+sentences and the vocabulary keep growing (more slowly than the corpus, as real corpora's
+do) instead of repeating 37k pairs.
+
+Run it alone on the machine: the figures are meaningless beside other jobs. A smoke run:
+``python -m bench.scaling --sizes 5000 --merges 500``.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from convs2s_preprocess.parallel import available_cores
+from convs2s_recipes.corpora import data_root
+
+SRC, TGT = "en", "de"
+# The shared data's en-de pairs: (folder, file prefix).
+SOURCES = [("multi30k", "train"), ("multi30k", "val"), ("multi30k", "test_2016_flickr"),
+           ("wmt14-en-de", "newstest2013"), ("wmt14-en-de", "newstest2014")]
+STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize", "align dict"]
+# The serial fraction of each stage where a run on one worker cannot tell it.
+SERIAL = {"tokenize": 0.0, "clean": 1.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
+          "align dict": 0.8}
+TARGETS = [(4_500_000, 2), (4_500_000, 32), (36_000_000, 2), (36_000_000, 32)]
+SAMPLE_SECONDS = 0.2
+# A corpus so small that its stages' times are their fixed costs.
+FIXED_PAIRS = 200
+
+
+# --- the corpora ---------------------------------------------------------------------------
+
+def base_pairs(data: Path) -> list:
+    pairs = []
+    for folder, prefix in SOURCES:
+        sides = [(data / folder / f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines()
+                 for lang in (SRC, TGT)]
+        pairs += [(s, t) for s, t in zip(*sides) if s.strip() and t.strip()]
+    return pairs
+
+
+def _suffixed(line: str, suffix: str) -> str:
+    words = line.split()
+    longest = max(range(len(words)), key=lambda i: len(words[i]))
+    words[longest] += suffix
+    return " ".join(words)
+
+
+def build_corpus(pairs: list, size: int, prefix: Path, seed: int = 1) -> None:
+    """``size`` pairs in ``PREFIX.en``/``PREFIX.de``: ``pairs`` once, then varied passes."""
+    rng = random.Random(seed)
+    with open(f"{prefix}.{SRC}", "w", encoding="utf-8") as src_f, \
+            open(f"{prefix}.{TGT}", "w", encoding="utf-8") as tgt_f:
+        for index in range(size):
+            repetition, (src, tgt) = divmod(index, len(pairs))[0], pairs[index % len(pairs)]
+            if repetition:
+                other_src, other_tgt = rng.choice(pairs)
+                src, tgt = f"{src} {other_src}", f"{tgt} {other_tgt}"
+                if rng.random() < 1 / 3:
+                    suffix = "".join(rng.choice("aeiouy") for _ in range(2)) + \
+                        str(rng.randrange(max(1, math.isqrt(repetition))))
+                    src, tgt = _suffixed(src, suffix), _suffixed(tgt, suffix)
+            src_f.write(src + "\n")
+            tgt_f.write(tgt + "\n")
+
+
+# --- measuring a process tree --------------------------------------------------------------
+
+def _children() -> dict:
+    """{pid: [child pids]} of every process now running."""
+    tree = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _memory_kib(pid: int) -> int:
+    """Proportional set size of a process (resident size where smaps_rollup is missing)."""
+    for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(field):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    return 0
+
+
+def tree_memory_kib(root: int) -> int:
+    tree, total, todo = _children(), 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += _memory_kib(pid)
+        todo += tree.get(pid, [])
+    return total
+
+
+def measure(commands: list) -> dict:
+    """Run shell-free commands one after another: {wall_s, cpu_s, peak_mib}. A command is
+    (argv, stdin path or None, stdout path or None)."""
+    wall = cpu = peak = 0.0
+    for argv, stdin, stdout in commands:
+        with open(stdin or os.devnull, "rb") as inp, open(stdout or os.devnull, "wb") as out, \
+                tempfile.TemporaryFile() as err:
+            start = time.monotonic()
+            proc = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err)
+            peaks, done = [0], threading.Event()
+
+            def sample(pid=proc.pid):
+                while not done.wait(SAMPLE_SECONDS):
+                    peaks[0] = max(peaks[0], tree_memory_kib(pid))
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            _, status, usage = os.wait4(proc.pid, 0)
+            done.set()
+            sampler.join()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                err.seek(0)
+                tail = err.read().decode(errors="replace")[-3000:]
+                raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{tail}")
+            wall += time.monotonic() - start
+            cpu += usage.ru_utime + usage.ru_stime
+            peak = max(peak, peaks[0] / 1024, usage.ru_maxrss / 1024)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak}
+
+
+# --- the two pipelines ---------------------------------------------------------------------
+
+def _python(code: str) -> list:
+    return [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.WARNING)\n" + code]
+
+
+def ours(raw: Path, work: Path, workers: int, merges: int, align: bool) -> dict:
+    """Each stage of convs2s-prepare (as its functions run it) and convs2s-align-dict."""
+    tok, clean, bpe, bindir = work / "tok", work / "clean", work / "bpe", work / "bin"
+    sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
+    stages = {
+        "tokenize": _python("from convs2s_preprocess.tokenize import tokenize_file\n" + "\n".join(
+            f"tokenize_file({i!r}, {o!r}, {lang!r}, workers={workers})"
+            for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT)))),
+        "clean": _python("from convs2s_preprocess.clean import clean_corpus\n"
+                         f"clean_corpus(*{sides(tok)!r}, *{sides(clean)!r})"),
+        "learn BPE": _python("from convs2s_preprocess.bpe import learn_joint_bpe\n"
+                             f"learn_joint_bpe({sides(clean)!r}, {str(work / 'codes')!r}, {merges}, "
+                             f"workers={workers})"),
+        "apply BPE": _python("from convs2s_preprocess.bpe import apply_bpe_file\n" + "\n".join(
+            f"apply_bpe_file({str(work / 'codes')!r}, {i!r}, {o!r}, {workers})"
+            for i, o in zip(sides(clean), sides(bpe)))),
+        "binarize": _python("from convs2s_preprocess.binarize import binarize\n"
+                            f"binarize({str(bindir)!r}, {SRC!r}, {TGT!r}, trainpref={str(bpe)!r}, "
+                            f"workers={workers})"),
+    }
+    if align:
+        stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.align", "--src", sides(clean)[0],
+                                "--tgt", sides(clean)[1], "-o", str(work / "align.dict"),
+                                "--workers", str(workers)]
+    return {stage: measure([(argv, None, None)]) for stage, argv in stages.items()}
+
+
+def reference(raw: Path, work: Path, workers: int, merges: int, align: bool, moses: str) -> dict:
+    """fairseq's prepare-wmt14en2fr.sh: Moses (or sacremoses' command line), subword-nmt,
+    fairseq-preprocess; fast_align if installed."""
+    bindir = Path(sys.executable).parent
+    tok, clean, bpe = work / "tok", work / "clean", work / "bpe"
+    sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
+    results = {}
+    if moses:
+        scripts = Path(moses) / "scripts"
+        results["tokenize"] = measure([
+            (["sh", "-c", f"perl {scripts}/tokenizer/normalize-punctuation.perl -l {lang} < {shlex.quote(i)} | "
+                          f"perl {scripts}/tokenizer/tokenizer.perl -threads {workers} -a -no-escape -l {lang} "
+                          f"> {shlex.quote(o)}"], None, None)
+            for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT))])
+        results["clean"] = measure([(["perl", f"{scripts}/training/clean-corpus-n.perl", "-ratio", "1.5",
+                                      str(tok), SRC, TGT, str(clean), "1", "175"], None, None)])
+    else:
+        results["tokenize"] = measure([
+            ([str(bindir / "sacremoses"), "-l", lang, "-j", str(workers), "-q", "normalize", "tokenize", "-a"],
+             i, o) for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT))])
+        for i, o in zip(sides(tok), sides(clean)):  # no cleaning without Moses: the text as it is
+            shutil.copyfile(i, o)
+    joined = work / "train.joined"
+    with open(joined, "wb") as out:
+        for path in sides(clean):
+            with open(path, "rb") as f:
+                shutil.copyfileobj(f, out)
+    codes = str(work / "codes")
+    results["learn BPE"] = measure([([str(bindir / "subword-nmt"), "learn-bpe", "-s", str(merges),
+                                      "--input", str(joined), "--output", codes], None, None)])
+    results["apply BPE"] = measure([([str(bindir / "subword-nmt"), "apply-bpe", "-c", codes,
+                                      "--num-workers", str(workers)], i, o)
+                                    for i, o in zip(sides(clean), sides(bpe))])
+    results["binarize"] = measure([([str(bindir / "fairseq-preprocess"), "--source-lang", SRC,
+                                     "--target-lang", TGT, "--trainpref", str(bpe), "--destdir",
+                                     str(work / "bin"), "--joined-dictionary", "--workers", str(workers)],
+                                    None, None)])
+    fast_align = shutil.which("fast_align")
+    if align and fast_align:
+        corpus = work / "corpus"
+        subprocess.run(["sh", "-c", f"paste -d '\\t' {shlex.join(sides(clean))} | sed 's/\\t/ ||| /' > {corpus}"],
+                       check=True)
+        results["align dict"] = measure([([fast_align, "-i", str(corpus), "-d", "-o", "-v"], None,
+                                          str(work / "links"))])
+    return results
+
+
+# --- figures -------------------------------------------------------------------------------
+
+def _fit(sizes: list, values: list, low: float, high: float) -> tuple:
+    """(a, b) of value = a * size^b, least squares in log space, b clamped to [low, high]."""
+    points = [(math.log(n), math.log(max(v, 1e-9))) for n, v in zip(sizes, values)]
+    if len(points) < 2:
+        b = 1.0 if high > 1.5 else 0.0  # CPU time: proportional; memory: as measured
+    else:
+        mx = sum(x for x, _ in points) / len(points)
+        my = sum(y for _, y in points) / len(points)
+        b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+        b = min(max(b, low), high)
+    x, y = points[-1]
+    return math.exp(y - b * x), b
+
+
+def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
+    if workers <= 1 or cpu <= 0:
+        return SERIAL[stage]
+    return min(1.0, max(0.0, (wall / cpu - 1 / workers) / (1 - 1 / workers)))
+
+
+def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
+    """{pipeline: {stage: {"PAIRSxCORES": {"hours", "peak_gib"}}}} from the measured sizes,
+    less the ``fixed`` costs (the stages' times on FIXED_PAIRS pairs)."""
+    sizes = sorted(runs, key=int)
+    table = {}
+    for pipeline in ("ours", "reference"):
+        for stage in STAGES:
+            ns = [n for n in sizes if stage in runs[n][pipeline]]
+            if not ns:
+                continue
+            base = fixed[pipeline][stage]
+            cpu = [max(runs[n][pipeline][stage]["cpu_s"] - base["cpu_s"], 1e-3) for n in ns]
+            wall = [max(runs[n][pipeline][stage]["wall_s"] - base["wall_s"], 1e-3) for n in ns]
+            a, b = _fit([int(n) for n in ns], cpu, 0.5, 2.0)
+            ma, mb = _fit([int(n) for n in ns], [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
+            s = serial_fraction(stage, wall[-1], cpu[-1], workers)
+            for pairs, cores in TARGETS:
+                seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores)
+                table.setdefault(pipeline, {}).setdefault(stage, {})[f"{pairs}x{cores}"] = {
+                    "hours": seconds / 3600, "peak_gib": ma * pairs ** mb / 1024}
+    return table
+
+
+def print_tables(runs: dict, extrapolated: dict) -> None:
+    for size, result in sorted(runs.items(), key=lambda item: int(item[0])):
+        print(f"\n{int(size):,} pairs, {result['workers']} workers")
+        print(f"| stage | ours pairs/s | ours pairs/CPU-s | ours peak MiB | fairseq's pairs/s | "
+              f"fairseq's pairs/CPU-s | fairseq's peak MiB |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for stage in STAGES:
+            cells = []
+            for pipeline in ("ours", "reference"):
+                m = result[pipeline].get(stage)
+                cells += ([f"{int(size) / m['wall_s']:,.0f}", f"{int(size) / max(m['cpu_s'], 1e-9):,.0f}",
+                           f"{m['peak_mib']:,.0f}"] if m else ["n/a"] * 3)
+            print(f"| {stage} | " + " | ".join(cells) + " |")
+    print("\nExtrapolated hours (peak GiB), ideal scaling of each stage's parallel part:")
+    header = [f"{pairs / 1e6:g}M pairs, {cores} cores" for pairs, cores in TARGETS]
+    print("| pipeline | stage | " + " | ".join(header) + " |")
+    print("|---|---|" + "---:|" * len(TARGETS))
+    for pipeline, stages in extrapolated.items():
+        totals = [0.0] * len(TARGETS)
+        for stage, cells in stages.items():
+            values = [cells[f"{pairs}x{cores}"] for pairs, cores in TARGETS]
+            totals = [t + v["hours"] for t, v in zip(totals, values)]
+            print(f"| {pipeline} | {stage} | " + " | ".join(
+                f"{v['hours']:.2f} ({v['peak_gib']:.1f})" for v in values) + " |")
+        print(f"| {pipeline} | total | " + " | ".join(f"{t:.2f}" for t in totals) + " |")
+
+
+def plot(runs: dict, extrapolated: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    largest = max(runs, key=int)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.38
+    for offset, pipeline, label in ((-width / 2, "ours", "convs2s-prepare"),
+                                    (width / 2, "reference", "fairseq's pipeline")):
+        rates = [int(largest) / runs[largest][pipeline][s]["cpu_s"] if s in runs[largest][pipeline]
+                 else 0 for s in STAGES]
+        left.bar([i + offset for i in range(len(STAGES))], rates, width, label=label)
+    left.set_xticks(range(len(STAGES)), STAGES, rotation=20)
+    left.set_yscale("log")
+    left.set_ylabel("pairs per CPU-second")
+    left.set_title(f"per core, {int(largest):,} pairs")
+    left.legend()
+    groups = [(pipeline, pairs, cores) for pairs, cores in TARGETS if pairs == 36_000_000
+              for pipeline in ("ours", "reference") if pipeline in extrapolated]
+    bottoms = [0.0] * len(groups)
+    for stage in STAGES:
+        heights = [extrapolated[p].get(stage, {}).get(f"{n}x{c}", {"hours": 0})["hours"] for p, n, c in groups]
+        right.bar(range(len(groups)), heights, bottom=bottoms, label=stage)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    right.set_xticks(range(len(groups)), [f"{'ours' if p == 'ours' else 'fairseq'}\n{c} cores"
+                                          for p, _, c in groups])
+    right.set_ylabel("hours (extrapolated)")
+    right.set_title("36M pairs (WMT14 en-fr)")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 500_000],
+                        help="corpus sizes in pairs (default 100000 500000)")
+    parser.add_argument("--with-2m", action="store_true", help="also 2,000,000 pairs")
+    parser.add_argument("--workers", type=int, default=available_cores(),
+                        help="processes per stage, both pipelines (default: the cores available)")
+    parser.add_argument("--merges", type=int, default=40000, help="BPE merges (default 40000)")
+    parser.add_argument("--no-align", action="store_true", help="leave the alignment dictionary out")
+    parser.add_argument("--moses", metavar="DIR", help="a mosesdecoder checkout: its perl scripts "
+                                                       "tokenize and clean the reference")
+    parser.add_argument("--workdir", help="where the corpora and outputs go (default: a temporary "
+                                          "folder, removed at the end)")
+    parser.add_argument("--json", metavar="FILE", help="write the measurements and extrapolation")
+    parser.add_argument("--plot", metavar="PNG", help="draw per-core speed and the 36M extrapolation")
+    args = parser.parse_args(argv)
+    sizes = sorted(set(args.sizes + ([2_000_000] if args.with_2m else [])))
+    pairs = base_pairs(Path(data_root()))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="convs2s-scaling-"))
+    runs = {}
+    try:
+        for size in [FIXED_PAIRS] + sizes:
+            folder = workdir / str(size)
+            for name in ("ours", "reference"):
+                (folder / name).mkdir(parents=True, exist_ok=True)
+            build_corpus(pairs, size, folder / "raw")
+            print(f"{size:,} pairs: convs2s-prepare's stages", file=sys.stderr, flush=True)
+            result = {"workers": args.workers,
+                      "ours": ours(folder / "raw", folder / "ours", args.workers, args.merges,
+                                   not args.no_align)}
+            print(f"{size:,} pairs: fairseq's pipeline", file=sys.stderr, flush=True)
+            result["reference"] = reference(folder / "raw", folder / "reference", args.workers,
+                                            args.merges, not args.no_align, args.moses)
+            runs[str(size)] = result
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    fixed = runs.pop(str(FIXED_PAIRS))
+    extrapolated = extrapolate(runs, fixed, args.workers)
+    print_tables(runs, extrapolated)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "base_pairs": len(pairs),
+                                               "fixed": fixed, "runs": runs,
+                                               "extrapolated": extrapolated}, indent=2))
+    if args.plot:
+        plot(runs, extrapolated, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""bench.scaling: the corpora it builds from the shared data, its extrapolation, and a smoke run."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.scaling import FIXED_PAIRS, STAGES, base_pairs, build_corpus, extrapolate
+from conftest import DATA, ROOT
+
+needs_data = pytest.mark.skipif(not (DATA / "multi30k").is_dir() or not (DATA / "wmt14-en-de").is_dir(),
+                                reason=f"Multi30k or WMT14 en-de not found under {DATA}")
+
+
+@needs_data
+def test_corpus_repeats_the_shared_pairs_with_variation(tmp_path):
+    pairs = base_pairs(DATA)
+    assert len(pairs) > 35_000
+    size = 2 * len(pairs) + 10
+    build_corpus(pairs, size, tmp_path / "raw")
+    src, tgt = ((tmp_path / f"raw.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))
+    assert len(src) == len(tgt) == size
+    assert list(zip(src, tgt))[:len(pairs)] == pairs  # the first pass as it is
+    later = set(zip(src[len(pairs):], tgt[len(pairs):]))
+    assert len(later) > 0.99 * (size - len(pairs)) and not later & set(pairs)  # new sentences
+    words = {w for line in src[:len(pairs)] for w in line.split()}
+    assert len({w for line in src for w in line.split()}) > 1.2 * len(words)  # and new words
+
+
+def _stage(wall, cpu, peak=100.0):
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak}
+
+
+def test_extrapolation_follows_the_fit_and_amdahl():
+    """CPU time proportional to the corpus; a stage that kept 2 workers busy (wall = cpu / 2)
+    is 16 times faster on 32 cores, one that ran on one (wall = cpu) is not; the fixed cost
+    is added once."""
+    fixed = {p: {s: _stage(1.0, 1.0) for s in STAGES} for p in ("ours", "reference")}
+    runs = {str(n): {p: {"tokenize": _stage(1 + n / 2000, 1 + n / 1000, 50 + n / 1000),
+                         "learn BPE": _stage(1 + n / 1000, 1 + n / 1000)}
+                     for p in ("ours", "reference")} for n in (100_000, 200_000)}
+    table = extrapolate(runs, fixed, workers=2)["ours"]
+    tokenize, bpe = table["tokenize"], table["learn BPE"]
+    assert tokenize["36000000x2"]["hours"] == pytest.approx((1 + 36_000 / 2) / 3600, rel=1e-6)
+    assert tokenize["36000000x32"]["hours"] == pytest.approx((1 + 36_000 / 32) / 3600, rel=1e-6)
+    assert bpe["36000000x32"]["hours"] == pytest.approx((1 + 36_000) / 3600, rel=1e-6)
+    assert tokenize["4500000x2"]["peak_gib"] > 4 * 50 / 1024  # memory that grew with the corpus
+
+
+@pytest.mark.slow
+@needs_data
+def test_smoke_run_writes_table_json_and_plot(tmp_path):
+    """The whole benchmark on 1000 pairs (about a minute and a half on 2 cores)."""
+    out = tmp_path / "scaling.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--sizes", "1000", "--merges", "200",
+                           "--json", str(out), "--plot", str(tmp_path / "scaling.png")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "| tokenize |" in proc.stdout and "36M pairs, 32 cores" in proc.stdout
+    record = json.loads(out.read_text())
+    assert set(record["runs"]["1000"]["ours"]) == set(STAGES) and str(FIXED_PAIRS) not in record["runs"]
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
