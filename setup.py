@@ -1,4 +1,4 @@
-"""ConvS2S (Gehring et al., 2017) as a fairseq plugin: `--user-dir fairseq_convs2s_ext`."""
+"""ConvS2S (Gehring et al., 2017) as a fairseq plugin: `--user-dir "$(convs2s-user-dir)" --task convs2s_translation`."""
 from setuptools import find_packages, setup
 
 setup(

@@ -47,6 +47,8 @@ def test_help_lists_every_option_with_its_help(name):
     text, imported = proc.stdout.rsplit("IMPORTED", 1)
     assert text.startswith(f"usage: {name}") and "-h, --help" in text
     assert options_without_help(text) == []
+    # fairseq reads a relative --user-dir from the current folder: only the plugin's absolute one works anywhere
+    assert "--user-dir fairseq_convs2s_ext" not in " ".join(text.split())
     if not SCRIPTS[name].startswith("fairseq_convs2s_ext."):  # the plugin package registers with fairseq
         assert imported.split() == ["False", "False"], f"{name} --help imported torch or fairseq"
 

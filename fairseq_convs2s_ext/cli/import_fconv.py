@@ -12,7 +12,7 @@ def parser():
     p = argparse.ArgumentParser(
         prog="convs2s-import-fconv",
         description="Convert a fairseq fconv checkpoint into a convs2s checkpoint that translates "
-                    "identically (use it with --user-dir fairseq_convs2s_ext).",
+                    'identically (use it with --user-dir "$(convs2s-user-dir)" --task convs2s_translation).',
     )
     p.add_argument("input", metavar="IN.pt", help="fairseq fconv checkpoint")
     p.add_argument("output", metavar="OUT.pt", help="convs2s checkpoint to write (atomically)")

@@ -1,7 +1,9 @@
 """``convs2s-user-dir``: print the folder to pass to fairseq's ``--user-dir``.
 
-With the package installed, ``fairseq-train --user-dir "$(convs2s-user-dir)" ...`` works
-from any directory.
+With the package installed, ``fairseq-train --user-dir "$(convs2s-user-dir)" --task
+convs2s_translation ...`` works from any directory: fairseq reads a relative ``--user-dir``
+from the current folder. (The recipes' configs, for fairseq-hydra-train's ``--config-dir``, are
+printed by ``convs2s-recipe --config-dir``.)
 """
 import argparse
 
@@ -12,7 +14,9 @@ def main(argv=None):
     argparse.ArgumentParser(
         prog="convs2s-user-dir",
         description="Print the folder of the ConvS2S plugin, for fairseq's --user-dir: "
-                    'fairseq-train --user-dir "$(convs2s-user-dir)" ... works from any directory.',
+                    'fairseq-train --user-dir "$(convs2s-user-dir)" --task convs2s_translation ... works '
+                    "from any directory. The recipes' configs, for fairseq-hydra-train --config-dir: "
+                    "convs2s-recipe --config-dir.",
     ).parse_args(argv)
     print(USER_DIR)
 
