@@ -56,7 +56,8 @@ from itertools import zip_longest
 from typing import Iterable, Iterator, NamedTuple, Optional
 
 from .atomic import run_step
-from .errors import PreprocessError
+from .errors import PreprocessError, full_disk_reported
+from .locking import output_lock
 from .parallel import available_cores
 from .progress import relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
@@ -241,10 +242,10 @@ def candidate_lines(counts: dict) -> Iterator[str]:
 
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
-                     candidates_path: Optional[str] = None, workers: int = 1) -> bool:
+                     candidates_path: Optional[str] = None, workers: Optional[int] = None) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
-    current; True if they were built. ``workers``: the aligner's processes (systran-align
-    decodes in them; the dictionary is the same for any number).
+    current; True if they were built. ``workers``: the aligner's processes, by default the
+    cores available (systran-align decodes in them; the dictionary is the same for any number).
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -262,7 +263,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r)",
                         kept, aligner.name, shlex.join(aligner.command),
                         count_lines(src_path) - kept, SEPARATOR)
-            run_aligner(aligner, corpus, links, tmp, workers)
+            run_aligner(aligner, corpus, links, tmp, workers or available_cores())
             counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
         if temp_candidates is not None:
@@ -300,9 +301,11 @@ def main(argv: Optional[list] = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     exit_on_sigterm()
     try:
-        build_align_dict(args.src, args.tgt, args.output,
-                         find_aligner(args.aligner, args.fast_align), args.candidates,
-                         args.workers)
+        folder = os.path.dirname(os.path.abspath(args.output))
+        with full_disk_reported(args.output), output_lock(folder):
+            build_align_dict(args.src, args.tgt, args.output,
+                             find_aligner(args.aligner, args.fast_align), args.candidates,
+                             args.workers)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
