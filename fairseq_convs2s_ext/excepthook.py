@@ -149,8 +149,9 @@ def describe(exc: BaseException, tb) -> Optional[str]:
     if stock_replacement:
         return _REPLACE_UNK
     ours = _plugin_error(exc)
-    if ours is not None:
-        path = checkpoint_being_read(ours.__traceback__)
+    if ours is not None:  # the file torch.load was reading, or the checkpoint fairseq was loading
+        path = checkpoint_being_read(ours.__traceback__) or _frame_local(
+            tb, "load_model_ensemble_and_task", _FAIRSEQ_CHECKPOINTS, "filename")
         return f"{path}: {ours}" if path else str(ours)
     path = checkpoint_being_read(tb)
     return None if path is None else why_unreadable(exc, path)

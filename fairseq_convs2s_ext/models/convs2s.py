@@ -7,6 +7,7 @@ config that names an architecture (``model: {_name: convs2s_wmt_en_de}``) gets t
 architecture's layers, not the defaults of another.
 """
 import argparse
+import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -16,11 +17,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II
 from torch.nn.utils import parametrize
 
+from ..checkpoints.languages import check_language_pair
 from ..modules import parse_attention, parse_layers
 from .convs2s_decoder import ConvS2SDecoder
 from .convs2s_encoder import ConvS2SEncoder
 
 ARCH_DEFAULT = "(default: the architecture's)"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,6 +64,8 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_language_pair(args, task)
+        warn_of_the_stock_task(task)
         base_architecture(args)  # options still unset, e.g. with --arch convs2s
         encoder_layers = parse_layers(args.encoder_layers)
         decoder_layers = parse_layers(args.decoder_layers)
@@ -104,6 +109,20 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         for module in self.modules():
             if parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+
+
+def warn_of_the_stock_task(task) -> None:
+    """In one of fairseq's commands, say in one line what the model loses under another task
+    than the plugin's (the hub gives every checkpoint the plugin's handling itself)."""
+    from ..excepthook import runs_fairseq_command
+    from ..tasks import ConvS2STranslationTask
+
+    if runs_fairseq_command() and not isinstance(task, ConvS2STranslationTask):
+        logger.warning(
+            "the convs2s model under --task %s loses the plugin's task: an over-long input line skipped "
+            "and reported (not a crash), an empty line translated as empty, --replace-unk, the lean beam "
+            "step (faster on a CPU), --autocast-bf16 and --vocab-selection; add --task convs2s_translation",
+            getattr(getattr(task, "cfg", None), "_name", None) or type(task).__name__)
 
 
 def _set_defaults(args, **defaults):
