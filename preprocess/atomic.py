@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Sequence
 
-from .errors import PreprocessError
+from .errors import PreprocessError, full_disk_reported
 from .textio import count_lines
 
 logger = logging.getLogger(__name__)
@@ -249,14 +249,15 @@ def _run_step(name: str, inputs: Sequence[str], outputs: Sequence[str],
             logger.info("%s: reused, inputs and options unchanged: %s", name, ", ".join(outputs))
             current = dict(record, inputs=input_prints, outputs=output_prints)
             if current != record:  # new paths or stat entries save work next time
-                with atomic_outputs([record_file]) as (temp,):
+                with full_disk_reported(record_file), atomic_outputs([record_file]) as (temp,):
                     _write_record(temp, current)
             return False
     if reasons:
         logger.info("%s: rebuilding: %s", name, "; ".join(reasons))
     else:
         logger.info("%s: writing %s", name, ", ".join(outputs))
-    with atomic_outputs([*outputs, record_file]) as temps:
+    with full_disk_reported(f"{name}: {', '.join(outputs)}"), \
+            atomic_outputs([*outputs, record_file]) as temps:
         action(*temps[:-1])
         _write_record(temps[-1], {
             "step": name, "options": options, "inputs": input_prints,

@@ -42,7 +42,8 @@ from .atomic import atomic_outputs, run_step
 from .binarize import binarize
 from .bpe import DEFAULT_MERGES, apply_bpe_file, learn_joint_bpe
 from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
-from .errors import PreprocessError
+from .errors import PreprocessError, full_disk_reported
+from .locking import output_lock
 from .parallel import available_cores
 from .textio import check_parallel
 from .tokenize import tokenize_file
@@ -207,12 +208,13 @@ def main(argv: Optional[list] = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     try:
-        prepare(args.outdir, args.source_lang, args.target_lang, args.trainpref,
-                args.validpref, args.testpref, romanian=args.romanian,
-                bpe_merges=None if args.no_bpe else args.bpe_merges, max_len=args.max_len,
-                ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
-                joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
-                workers=args.workers)
+        with full_disk_reported(args.outdir), output_lock(args.outdir):
+            prepare(args.outdir, args.source_lang, args.target_lang, args.trainpref,
+                    args.validpref, args.testpref, romanian=args.romanian,
+                    bpe_merges=None if args.no_bpe else args.bpe_merges, max_len=args.max_len,
+                    ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
+                    joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
+                    workers=args.workers)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
 

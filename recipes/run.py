@@ -30,6 +30,7 @@ from typing import Optional
 from convs2s_preprocess.atomic import atomic_outputs
 from convs2s_preprocess.bpe import remove_bpe
 from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.locking import output_lock
 from convs2s_preprocess.romanian import normalize_romanian_line
 from convs2s_preprocess.textio import read_lines
 
@@ -292,8 +293,9 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
     chosen = threads.apply(threads.current())  # this process trains; its fairseq-generate gets the same
     try:
-        run(args.name, os.path.abspath(args.data), work_folder(args), chosen, args.smoke,
-            not args.no_backtranslation, args.overrides)
+        with output_lock(work_folder(args)):  # one run at a time in a work folder
+            run(args.name, os.path.abspath(args.data), work_folder(args), chosen, args.smoke,
+                not args.no_backtranslation, args.overrides)
     except (PreprocessError, DownloadError, score.ScoreError, HydraException) as e:
         sys.exit(f"error: {e}")
     except subprocess.CalledProcessError as e:
