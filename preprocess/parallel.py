@@ -64,14 +64,13 @@ def _map_lines(fn: Callable[[str], str], lines: List[str]) -> List[str]:
 
 
 def map_file(fn: Callable[[str], str], in_path: str, out_path: str, workers: int = 1,
-             stage: Optional[str] = None, batch_fn: Optional[Callable[[list], list]] = None
-             ) -> int:
-    """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order; return the
-    number of lines. ``batch_fn`` (lines -> lines), if given, replaces ``fn`` applied line by
-    line. Logs ``stage``'s progress in lines."""
+             stage: Optional[str] = None) -> int:
+    """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order, ``fn``
+    applied in ``workers`` processes; return the number of lines. Logs ``stage``'s progress
+    in lines."""
     progress = Progress(stage or f"{os.path.basename(in_path)} -> {out_path}",
                         count_lines(in_path), unit="lines")
-    batch_fn = batch_fn or functools.partial(_map_lines, fn)
+    batch_fn = functools.partial(_map_lines, fn)
     with open(out_path, "w", encoding="utf-8", newline="\n") as out:
         for result in map_batches(batch_fn, batched(read_lines(in_path), BATCH_LINES), workers):
             out.write("".join(line + "\n" for line in result))
