@@ -289,11 +289,13 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--candidates", metavar="FILE",
                         help="also write each source word's aligned target words ranked by count, "
                              "with the counts, for vocabulary selection (--vocab-selection FILE)")
-    parser.add_argument("--workers", type=int, default=available_cores(),
+    parser.add_argument("--workers", type=int,
                         help="processes that decode fast_align's model (systran-align; its "
-                             "training is on one thread) (default: the cores available, here "
-                             "%(default)s)")
-    return parser.parse_args(argv)
+                             "training is on one thread) (default: the cores this process may use)")
+    args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
+    return args
 
 
 def main(argv: Optional[list] = None) -> None:

@@ -199,9 +199,12 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help="one dictionary per language instead of --joined-dictionary")
     parser.add_argument("--nwords", type=int, default=-1,
                         help="vocabulary size cap (word-level models); -1: keep all")
-    parser.add_argument("--workers", type=int, default=available_cores(),
-                        help="parallel processes (default: the cores available, here %(default)s)")
-    return parser.parse_args(argv)
+    parser.add_argument("--workers", type=int,
+                        help="parallel processes (default: the cores this process may use)")
+    args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
+    return args
 
 
 def main(argv: Optional[list] = None) -> None:
