@@ -39,7 +39,7 @@ setup(
         "ninja",  # torch.utils.cpp_extension's build of the lean beam step's kernel
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "hypothesis>=6"],
         # GPL-3 word aligner (convs2s-align-dict --aligner eflomal), called only as a
         # separate process (`eflomal-align`).
         "align": ["eflomal"],
