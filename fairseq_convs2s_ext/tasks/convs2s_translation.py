@@ -45,14 +45,15 @@ each through a task hook:
   batch's, the gold targets among them; in generation each sentence's own), which the
   criterion and the generator hand to the model. ``build_generator`` has each model's
   decoder estimate the words outside a sentence's candidates (``--vocab-rest-clusters``).
-- ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16``, the model
-  runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
+- ``train_step``, ``valid_step``, ``inference_step``: with ``--autocast-bf16`` (on), the
+  model runs under ``torch.autocast(bfloat16)`` (matrix multiplies in bf16; weights, optimizer
   and the loss in fp32), on CPU too, where fairseq's ``--bf16`` expects a TPU and ``--amp``
-  is CUDA only. The backward pass runs outside autocast, as torch recommends. On a CPU
-  without native bf16 (torch's oneDNN reports no bf16 support, e.g. AVX2 only), bf16 matrix
-  multiplies are emulated and run hundreds of times slower than fp32, so a model on such a
-  CPU is refused (:class:`~fairseq_convs2s_ext.hardware.Bf16UnsupportedError`) instead of
-  crawling in silence.
+  is CUDA only. The backward pass runs outside autocast, as torch recommends. Whether bf16
+  pays on a CPU is measured, not assumed (:func:`~fairseq_convs2s_ext.hardware.choose_bf16`:
+  a short probe of bf16 against fp32 matrix multiplies at the model's sizes, cached per
+  machine): where bf16 was slower, ``--autocast-bf16`` is refused with the figures
+  (:class:`~fairseq_convs2s_ext.hardware.Bf16UnsupportedError`) instead of crawling in
+  silence, and ``--autocast-bf16 auto`` takes fp32 and logs why.
 - ``train_step``, ``valid_step``: with ``--compile``, the model runs under ``torch.compile``
   (:mod:`fairseq_convs2s_ext.compilation`).
 
@@ -78,7 +79,7 @@ from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignme
 from ..generation.empty_sources import with_empty_translations
 from ..generation.interactive_input import InteractiveInput
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
-from ..hardware import check_bf16_runs_fast, fastest
+from ..hardware import BF16_MODES, bf16_mode, choose_bf16, fastest
 
 
 BEAM_STEPS = ("auto", "lean", "stock")
@@ -111,11 +112,14 @@ class ConvS2STranslationConfig(TranslationConfig):
                           "N clusters of the output layer's rows; 0: the softmax over the "
                           "candidates alone, as fairseq-lua"},
     )
-    autocast_bf16: bool = field(
-        default=False,
-        metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU: faster "
-                          "matrix multiplies, fp32 weights, optimizer state and loss; refused on "
-                          "a CPU without native bf16 (AVX512-BF16 or AMX)"},
+    autocast_bf16: str = field(
+        default="off",
+        metadata={"help": "run the model under torch.autocast(bfloat16), on CPU or GPU (matrix multiplies "
+                          "in bf16; fp32 weights, optimizer state and loss): on (a bare --autocast-bf16; "
+                          "refused, with the figures, on a CPU where a short probe measured bf16 matrix "
+                          "multiplies at the model's sizes slower than fp32), auto (bf16 where the probe "
+                          "measured it faster, else fp32; the choice and why are logged) or off",
+                  "choices": BF16_MODES, "argparse_const": "on"},
     )
     beam_step: str = field(
         default="auto",
@@ -147,6 +151,8 @@ class ConvS2STranslationTask(TranslationTask):
         self.interactive_input = InteractiveInput()
         self.vocabulary_selection = None
         self.compiled = CompiledModels(cfg.compile_mode) if cfg.compile else None
+        self.bf16_mode = bf16_mode(cfg.autocast_bf16)
+        self._bf16 = {}  # device type -> whether the model runs under bf16 autocast there
         if cfg.vocab_rest_clusters < 0:
             raise SelectionOptionError(f"--vocab-rest-clusters ({cfg.vocab_rest_clusters}) must not be "
                                        f"negative: 0 for the softmax over the candidates alone, or a "
@@ -264,11 +270,16 @@ class ConvS2STranslationTask(TranslationTask):
             hypos = super().inference_step(generator, models, sample, prefix_tokens, constraints)
         return with_empty_translations(sample, hypos, self.source_dictionary, self.target_dictionary)
 
-    def _autocast(self, model):
+    def _uses_bf16(self, model) -> bool:
+        """``--autocast-bf16``'s decision for the model's device, made once (a probe on a CPU)."""
         device = next(model.parameters()).device.type
-        if self.cfg.autocast_bf16:
-            check_bf16_runs_fast(device)
-        return torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
+        if device not in self._bf16:
+            self._bf16[device] = choose_bf16(self.bf16_mode, model)
+        return self._bf16[device]
+
+    def _autocast(self, model):
+        return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16,
+                              enabled=self._uses_bf16(model))
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         """fairseq's train_step with the forward pass (only) under ``--autocast-bf16``, the
@@ -276,7 +287,7 @@ class ConvS2STranslationTask(TranslationTask):
         if self.vocabulary_selection is not None:
             sample = self.vocabulary_selection.with_candidates(sample, training=True)
         with self._compiled(model, sample) as model:
-            if not self.cfg.autocast_bf16:  # fairseq's, with its --amp
+            if not self._uses_bf16(model):  # fairseq's, with its --amp
                 return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
             model.train()
             model.set_num_updates(update_num)
