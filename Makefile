@@ -21,7 +21,7 @@ WORK ?=
 ARGS ?=
 RECIPE = $(PY) -m convs2s_recipes.run $(if $(WORK),--work "$(WORK)") $(if $(SMOKE),--smoke)
 
-.PHONY: install test test-slow gpu-check demo clean \
+.PHONY: install test test-slow gpu-check demo docs clean \
 	recipe-wmt16-en-ro recipe-wmt14-en-de recipe-wmt14-en-fr recipe-gigaword recipe-multi30k-unk
 
 # A virtual environment inside the checkout, built from nothing. torch is installed first
@@ -36,7 +36,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
-	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align]"
+	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align,docs]"
 	$(PY) -c "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s'); \
 		from fairseq_convs2s_ext.generation import top_log_probs; top_log_probs.load()"
 	touch $@
@@ -76,6 +76,10 @@ recipe-gigaword: install
 # Unknown-word replacement: the demo's model at word level, sacreBLEU without and with --replace-unk.
 recipe-multi30k-unk: install
 	$(RECIPE) multi30k-unk $(ARGS)
+
+# The documentation site into site/ (mkdocs.yml; warnings are errors). `mkdocs serve` to browse it.
+docs: install
+	$(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -45,6 +45,8 @@ setup(
         "align": ["eflomal"],
         # ROUGE for the Gigaword summarization recipe.
         "gigaword": ["rouge-score"],
+        # The documentation site (make docs; tests/test_docs.py builds it with --strict).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9", "mkdocstrings[python]>=0.25"],
     },
     entry_points={
         "console_scripts": [

@@ -88,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--skip", default="", help="comma-separated phases to skip: train,operators,generate,memory")
     p.add_argument("--profile", action="store_true", help="print torch.profiler tables of one batch each")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--plots", metavar="DIR", help="also draw the results as PNGs into DIR (bench/plots.py)")
     args = p.parse_args(argv)
     if args.low_precision is None:  # bf16 only where the CPU computes it natively
         args.low_precision = "bf16" if native_bf16(args.device) else "none"
@@ -139,6 +140,7 @@ def run_training(args, task, lean_task, selection_task, results):
         results.setdefault(run.name, {})
         loss, nll = run.validation_loss(valid, task)
         results[run.name]["train tokens/s"] = run.tokens_per_second(args.warmup)
+        results[run.name]["train seconds"] = sum(run.times[args.warmup:])
         if run.selection is None:  # the FLOPs counted are the full vocabulary's
             results[run.name]["train GFLOP/s"] = run.tokens_per_second(args.warmup) * flops_per_token / 1e9
         results[run.name]["valid loss"] = loss
@@ -412,10 +414,14 @@ def main(argv=None):
         results["selection"] = (f"--vocab-most-common {cfg.vocab_most_common} --vocab-top-aligned "
                                 f"{cfg.vocab_top_aligned} --vocab-rest-clusters {cfg.vocab_rest_clusters}")
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip() or None  # None outside a git checkout
+
     def save():
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+                json.dump({"commit": commit, "command": " ".join(["python -m bench.benchmark", *sys.argv[1:]]),
+                           "args": vars(args), "machine": machine, "results": results}, f, indent=1)
 
     try:  # a failing phase still leaves the table of the others
         if "train" not in skip:
@@ -448,6 +454,11 @@ def main(argv=None):
             machine[f"{dtype} GFLOP/s"] = max(machine[f"{dtype} GFLOP/s"], again)
         save()
         print_table(args, results, machine)
+        if args.plots:
+            from bench.plots import render
+
+            record = {"args": vars(args), "machine": machine, "results": results}
+            log("plots: " + ", ".join(str(p) for p in render([record], args.plots)))
 
 if __name__ == "__main__":
     main()
