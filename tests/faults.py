@@ -137,10 +137,10 @@ def kill_and_resume(case: Case, reference: Path, duration: float, folder: Path, 
     return problems
 
 
-def limited_run(case: Case, reference: Path, folder: Path, limit: int) -> list:
+def limited_run(case: Case, reference: Path, folder: Path, limit: int) -> tuple:
     """Run ``case`` in a fresh ``folder`` with files limited to ``limit`` bytes, then without.
 
-    Returns what went wrong: a limited run that failed otherwise than with one line that
+    Returns (whether the limit stopped the run, what went wrong): a limited run that failed otherwise than with one line that
     says the disk is full; a file it left that ``reference`` (an unlimited run) holds with
     other bytes, or a temporary one; a rerun that failed or wrote other files than the
     reference's.
@@ -158,7 +158,7 @@ def limited_run(case: Case, reference: Path, folder: Path, limit: int) -> list:
         problems.append(f"the rerun without a limit failed: {done.stderr[-3000:]}")
     else:
         problems += case.compare(reference, folder)
-    return [f"limit {limit} bytes: {problem}" for problem in problems]
+    return limited.returncode != 0, [f"limit {limit} bytes: {problem}" for problem in problems]
 
 
 def _one_clear_line(done: subprocess.CompletedProcess) -> list:

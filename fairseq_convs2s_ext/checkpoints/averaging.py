@@ -9,6 +9,7 @@ read. As in fairseq's script, every other entry of the output (configuration, op
 training progress) is the first checkpoint's. Integer buffers (counters, the dictionary
 fingerprints) are not averaged: they must be the same in every checkpoint.
 """
+import io
 import os
 import re
 
@@ -66,3 +67,23 @@ def average_checkpoints(paths):
             raise ValueError(f"{key} differs between the checkpoints ({', '.join(paths)}): they are not "
                              f"the same model trained with the same dictionaries")
     return dict(states[0], model=averaged)
+
+
+def write_checkpoint(state, path):
+    """Write ``state`` to ``path`` complete or not at all: serialized in memory, written to
+    ``PATH.tmp``, synced and renamed. A failed write (a full disk) raises its plain ``OSError``
+    and leaves no ``PATH.tmp``; fairseq's ``torch_persistent_save`` would log three tracebacks
+    first, and torch's zip writer turns the error into a ``RuntimeError`` as it closes."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    temp = f"{path}.tmp"
+    try:
+        with open(temp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise

@@ -9,7 +9,8 @@ import os
 import sys
 
 from ..checkpoints import CheckpointError
-from ..checkpoints.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT, average_checkpoints, last_checkpoints
+from ..checkpoints.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT, average_checkpoints, last_checkpoints, \
+    write_checkpoint
 
 
 def parser():
@@ -45,9 +46,12 @@ def main(argv=None):
     except (ValueError, CheckpointError) as e:
         print(f"convs2s-average-checkpoints: error: {e}", file=sys.stderr)
         return 1
-    from fairseq.checkpoint_utils import torch_persistent_save
-
-    torch_persistent_save(state, args.output)  # OUTPUT.tmp renamed: complete or not at all
+    try:
+        write_checkpoint(state, args.output)  # OUTPUT.tmp renamed: complete or not at all
+    except OSError as e:  # a full disk, a missing folder: one line
+        print(f"convs2s-average-checkpoints: error: cannot write {args.output}: {e.strerror}; nothing "
+              f"half-written was kept", file=sys.stderr)
+        return 1
     print(f"wrote {args.output}: the average of {len(paths)} checkpoints: {' '.join(paths)}")
     return 0
 
