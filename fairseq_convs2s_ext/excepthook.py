@@ -33,6 +33,7 @@ import sys
 from typing import Optional
 
 from .checkpoints.errors import CheckpointError, why_unreadable
+from .data.binarized import BinarizedDataError
 from .data.source_text import SourceTextError
 from .data.vocabulary_selection import CandidatesFileError, SelectionOptionError
 from .generation.unknown_words import AlignDictError, read_align_dict
@@ -44,7 +45,7 @@ _FAIRSEQ_CHECKPOINTS = os.path.join("fairseq", "checkpoint_utils.py")
 _FAIRSEQ_DICTIONARY = os.path.join("fairseq", "data", "dictionary.py")
 # Errors of the plugin whose message says what is wrong and what to do.
 _OURS = (CheckpointError, AlignDictError, SourceTextError, CandidatesFileError, SelectionOptionError,
-         Bf16UnsupportedError, Bf16OptionError)
+         Bf16UnsupportedError, Bf16OptionError, BinarizedDataError)
 _REPLACE_UNK = ("--replace-unk needs --task convs2s_translation (fairseq's own replacement is broken "
                 "for every model) and the words of the test sentences: add --dataset-impl raw, which "
                 "reads SPLIT.SRC-TGT.LANG beside the binaries (convs2s-prepare keeps them)")

@@ -30,6 +30,9 @@ each through a task hook:
   sentence is translated.
 - ``build_model``: refuses a model configuration whose strings would run code if fairseq
   evaluated them (:mod:`fairseq_convs2s_ext.checkpoints.safe_loading`).
+- ``load_dataset``: a split's binarized files are checked first (``.idx`` and ``.bin``
+  agree, ids within the dictionaries; :mod:`fairseq_convs2s_ext.data.binarized`): a damaged
+  file is named, not read.
 - ``load_dictionary``: records the file a dictionary came from, so that a checkpoint trained
   with other dictionaries is refused with a message naming it (see
   :mod:`fairseq_convs2s_ext.checkpoints.dictionaries`).
@@ -75,6 +78,7 @@ from omegaconf import II
 from ..checkpoints import check_config
 from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
+from ..data.binarized import check_split
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.empty_sources import with_empty_translations
 from ..generation.interactive_input import InteractiveInput
@@ -188,6 +192,9 @@ class ConvS2STranslationTask(TranslationTask):
         return self.cfg.replace_unk is not None
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        check_split(paths[(epoch - 1) % len(paths)], split,  # .idx and .bin agree, ids in the dictionaries
+                    {self.cfg.source_lang: len(self.src_dict), self.cfg.target_lang: len(self.tgt_dict)})
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.replaces_unknown_words:
             self.datasets[split] = self._with_text(split, self.datasets[split])
