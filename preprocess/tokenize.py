@@ -8,6 +8,12 @@ special characters are not escaped (no ``&amp;``), so detokenization does not un
 """
 import functools
 import re
+try:  # the parser that re.compile uses
+    from re import _constants, _parser
+except ImportError:  # Python < 3.11
+    import sre_constants as _constants
+    import sre_parse as _parser
+from typing import Optional
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
@@ -16,19 +22,70 @@ from .romanian import normalize_romanian_line
 from .textio import map_lines
 
 
-class CompiledPunctNormalizer(MosesPunctNormalizer):
-    """sacremoses' punctuation normalizer with its patterns compiled once.
+def required_literal(pattern: str, flags: int = 0) -> Optional[str]:
+    """A character that every match of ``pattern`` contains, or None if none is evident:
+    a literal (or a class of one character) among the pattern's top-level elements or a
+    group's, not under a repeat, an alternative or a look-around."""
+    if flags & re.IGNORECASE:
+        return None
+    try:
+        parsed = _parser.parse(pattern, flags)
+    except (re.error, RecursionError):
+        return None
+    if parsed.state.flags & re.IGNORECASE:
+        return None
 
-    Its ``normalize`` calls ``re.sub(pattern_string, ...)`` for each of about 45 patterns
-    on every line, so that every call looks its pattern up in ``re``'s cache: a fifth of
-    the time of normalizing and tokenizing a line (cProfile, 3000 lines of newstest2013).
-    The same substitutions in the same order, each pattern compiled here, give the same
-    text (``tests/test_preprocess.py`` compares them on real files).
+    def first(items) -> Optional[str]:
+        for op, value in items:
+            if op is _constants.LITERAL:
+                return chr(value)
+            if op is _constants.IN and len(value) == 1 and value[0][0] is _constants.LITERAL:
+                return chr(value[0][1])
+            if op is _constants.SUBPATTERN and not value[1] & re.IGNORECASE \
+                    and (found := first(value[-1])):
+                return found
+        return None
+    return first(parsed)
+
+
+class RequiredLiteral:
+    """A compiled pattern whose ``sub`` leaves alone, without running the pattern, the text
+    that lacks a character every match contains (the pattern would give that same text)."""
+
+    def __init__(self, pattern: re.Pattern, literal: str):
+        self.pattern, self.literal = pattern, literal
+
+    def sub(self, substitution, text: str) -> str:
+        return self.pattern.sub(substitution, text) if self.literal in text else text
+
+    def __getattr__(self, name: str):  # search, findall, ... as the pattern's
+        if name == "pattern":
+            raise AttributeError(name)
+        return getattr(self.pattern, name)
+
+
+def guarded(pattern) -> object:
+    """``pattern`` (text or compiled), compiled, wrapped in :class:`RequiredLiteral` where
+    every match needs a character."""
+    pattern = re.compile(pattern)
+    literal = required_literal(pattern.pattern, pattern.flags)
+    return RequiredLiteral(pattern, literal) if literal else pattern
+
+
+class FasterPunctNormalizer(MosesPunctNormalizer):
+    """sacremoses' punctuation normalizer, the same substitutions in the same order, faster.
+
+    Its ``normalize`` calls ``re.sub(pattern_string, ...)`` for each of about 45 patterns on
+    every line: each call looks its pattern up in ``re``'s cache (a fifth of the time of
+    normalizing and tokenizing a line, cProfile on 3000 lines of newstest2013), and most
+    patterns need a character the line does not hold (a curly quote, a non-breaking space).
+    Here each pattern is compiled once and skipped on a line without its character
+    (:func:`guarded`).
     """
 
     def __init__(self, lang: str):
         super().__init__(lang)
-        self.compiled = [(re.compile(pattern), substitution)
+        self.compiled = [(guarded(pattern), substitution)
                          for pattern, substitution in self.substitutions]
 
     def normalize(self, text: str) -> str:
@@ -39,34 +96,17 @@ class CompiledPunctNormalizer(MosesPunctNormalizer):
         return text.strip()
 
 
-class RequiredLiteral:
-    """A compiled pattern every match of which contains ``literal``: text without it is
-    returned as it is, without running the pattern (which gives that same text)."""
-
-    def __init__(self, pattern: re.Pattern, literal: str):
-        self.pattern, self.literal = pattern, literal
-
-    def sub(self, substitution: str, text: str) -> str:
-        return self.pattern.sub(substitution, text) if self.literal in text else text
-
-
-# sacremoses' rules that cannot match without a literal character, told by the shape of
-# their pattern: {attribute: (literal, what the pattern's text holds, at the top level)}.
-_LITERAL_RULES = {
-    "ENGLISH_SPECIFIC_APOSTROPHE": ("'", "])[']("), "FR_IT_SPECIFIC_APOSTROPHE": ("'", "])[']("),
-    "NON_SPECIFIC_APOSTROPHE": ("'", "\\'"), "AGGRESSIVE_HYPHEN_SPLIT": ("-", "])\\-(?=["),
-    "COMMA_SEPARATE_1": (",", "])[,]"), "COMMA_SEPARATE_2": (",", "[,]("),
-    "COMMA_SEPARATE_3": (",", "])[,]$"),
-}
+def _is_rule(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], re.Pattern)
 
 
 class FasterMosesTokenizer(MosesTokenizer):
-    """sacremoses' tokenizer, the same rules run less often.
+    """sacremoses' tokenizer, the same rules, run less often.
 
-    - The apostrophe, hyphen and comma rules (about half its time on English news: their
-      character classes hold thousands of characters) run only on lines that hold an
-      apostrophe, a hyphen or a comma; a rule is left as it is unless its pattern has the
-      shape that makes the character part of every match (:data:`_LITERAL_RULES`).
+    - A rule whose every match needs a character is skipped on a line without it
+      (:func:`guarded`): the apostrophe, hyphen and comma rules, about half its time on
+      English news (their character classes hold thousands of characters), run only on
+      lines with an apostrophe, a hyphen or a comma.
     - ``islower`` and ``isanyalpha`` (asked of a token before a full stop) build a set of
       the thousands of characters of ``IsLower`` or ``IsAlpha`` on every call, about
       0.3 ms each; here each set is built once.
@@ -76,12 +116,12 @@ class FasterMosesTokenizer(MosesTokenizer):
 
     def __init__(self, lang: str):
         super().__init__(lang)
-        for name, (literal, shape) in _LITERAL_RULES.items():
-            rules = getattr(self, name)
-            guarded = [(RequiredLiteral(pattern, literal), substitution)
-                       if pattern.pattern.count(shape) == 1 else (pattern, substitution)
-                       for pattern, substitution in (rules if isinstance(rules, list) else [rules])]
-            setattr(self, name, guarded if isinstance(rules, list) else guarded[0])
+        for name in dir(self):
+            value = getattr(self, name) if name.isupper() else None
+            if _is_rule(value):
+                setattr(self, name, (guarded(value[0]), value[1]))
+            elif isinstance(value, list) and value and all(map(_is_rule, value)):
+                setattr(self, name, [(guarded(pattern), sub) for pattern, sub in value])
 
     @functools.cached_property
     def lower_characters(self) -> frozenset:
@@ -100,7 +140,7 @@ class FasterMosesTokenizer(MosesTokenizer):
 
 @functools.lru_cache(maxsize=None)
 def _normalizer(lang: str) -> MosesPunctNormalizer:
-    return CompiledPunctNormalizer(lang)
+    return FasterPunctNormalizer(lang)
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,8 +27,8 @@ from convs2s_preprocess.pipeline import prepare
 from convs2s_preprocess.postprocess import postprocess
 from convs2s_preprocess.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
 from convs2s_preprocess.textio import count_lines, read_lines
-from convs2s_preprocess.tokenize import (detokenize_file, normalize_and_tokenize, normalize_punctuation,
-                                 tokenize, tokenize_file)
+from convs2s_preprocess.tokenize import (detokenize_file, guarded, normalize_and_tokenize, normalize_punctuation,
+                                 required_literal, tokenize, tokenize_file)
 
 MULTI30K = DATA / "multi30k"
 RO_STS = DATA / "ro-sts-en-ro"
@@ -113,6 +113,21 @@ def test_tokenization_is_sacremoses_line_by_line(tmp_path, folder, name, lang, r
     head(raw, 1500, tmp_path / "raw")
     tokenize_file(str(tmp_path / "raw"), str(tmp_path / "tok"), lang, romanian, workers=2)
     assert list(read_lines(str(tmp_path / "tok"))) == expected
+
+
+def test_required_literal_is_only_a_character_every_match_needs():
+    """The guard that lets the tokenizer skip a rule is sound: a character is named only
+    where no match can lack it (not under a repeat, an alternative, a look-around, or
+    case-insensitive), and a guarded rule leaves a line without it unchanged."""
+    needs = {r"(\d)\xa0(\d)": "\xa0", r"\(": "(", "([^a])[']([^a])": "'", r"(?:x)?y": "y",
+             r"(?=q)z": "z", r"(?i:k)m": "m", r"^``": "`"}
+    for pattern, literal in needs.items():
+        assert required_literal(pattern) == literal, pattern
+    for pattern in (r"[\000-\037]", r"a|b", r"x?", r" +", r"(?i)k", r"(?i:k)", r"(?=q)", r"\s+"):
+        assert required_literal(pattern) is None, pattern
+    rule = guarded(r"([^a])[']([^a])")
+    assert rule.sub(r"\1 ' \2", "no quote here") == "no quote here"
+    assert rule.sub(r"\1 ' \2", "x ' y") == "x  '  y"
 
 
 def test_tokenizer_splits_dashes_and_does_not_escape():
