@@ -206,10 +206,10 @@ def read_table(path: str) -> TranslationTable:
     return table
 
 
-@functools.lru_cache(maxsize=1 << 14)
+@functools.lru_cache(maxsize=2048)  # the frequent pairs of lengths; some 30 MB at most
 def alignment_prior(n: int, m: int, tension: float, favor_diagonal: bool) -> tuple:
     """(n x m prior of source position i for target position j, prior of NULL); the same
-    for every pair of these lengths, so computed once per pair of lengths."""
+    for every pair of these lengths, so kept for the frequent ones."""
     if not favor_diagonal:
         return 1.0 / (n + 1), 1.0 / (n + 1)
     i = np.arange(1, n + 1)[:, None] / n
