@@ -99,6 +99,9 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
                               "dictionary")
     os.makedirs(destdir, exist_ok=True)
     train = {lang: f"{trainpref}.{lang}" for lang in (src_lang, tgt_lang)}
+    if not srcdict or not joined_dictionary:
+        logger.info("binarize: counting the words of %s in %d processes for the dictionary",
+                    " and ".join(train.values()), workers)
     if srcdict:
         src_dict = Dictionary.load(srcdict)
         tgt_dict = src_dict if joined_dictionary else build_dictionary(

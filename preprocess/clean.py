@@ -9,6 +9,7 @@ whitespace-separated tokens of the tokenized text. Valid and test sets are never
 from typing import Optional
 
 from .errors import PreprocessError
+from .progress import Progress
 from .textio import check_parallel, read_lines
 
 DEFAULT_MAX_LEN = 175
@@ -32,6 +33,7 @@ def clean_corpus(src_in: str, tgt_in: str, src_out: str, tgt_out: str,
     """Copy the pairs that pass :func:`keep_pair`; return (pairs kept, pairs read)."""
     total = check_parallel(src_in, tgt_in)
     kept = 0
+    progress = Progress(f"clean {src_in} / {tgt_in}", total)
     with open(src_out, "w", encoding="utf-8") as src_f, \
             open(tgt_out, "w", encoding="utf-8") as tgt_f:
         for src, tgt in zip(read_lines(src_in), read_lines(tgt_in)):
@@ -39,6 +41,8 @@ def clean_corpus(src_in: str, tgt_in: str, src_out: str, tgt_out: str,
                 src_f.write(src + "\n")
                 tgt_f.write(tgt + "\n")
                 kept += 1
+            progress.update()
+    progress.finish()
     if kept == 0:
         raise PreprocessError(
             f"cleaning dropped all {total} pairs of {src_in} / {tgt_in} "
