@@ -14,6 +14,7 @@ from .textio import check_parallel, read_lines
 
 DEFAULT_MAX_LEN = 175
 DEFAULT_RATIO = 1.5
+PROGRESS_PAIRS = 10000  # pairs counted at a time as progress
 
 
 def keep_pair(src: str, tgt: str, max_len: int = DEFAULT_MAX_LEN,
@@ -36,12 +37,14 @@ def clean_corpus(src_in: str, tgt_in: str, src_out: str, tgt_out: str,
     progress = Progress(f"clean {src_in} / {tgt_in}", total)
     with open(src_out, "w", encoding="utf-8") as src_f, \
             open(tgt_out, "w", encoding="utf-8") as tgt_f:
-        for src, tgt in zip(read_lines(src_in), read_lines(tgt_in)):
+        for number, (src, tgt) in enumerate(zip(read_lines(src_in), read_lines(tgt_in)), 1):
             if keep_pair(src, tgt, max_len, ratio):
                 src_f.write(src + "\n")
                 tgt_f.write(tgt + "\n")
                 kept += 1
-            progress.update()
+            if number % PROGRESS_PAIRS == 0:
+                progress.update(PROGRESS_PAIRS)
+    progress.update(total - progress.done)
     progress.finish()
     if kept == 0:
         raise PreprocessError(
