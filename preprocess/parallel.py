@@ -41,6 +41,13 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+def _context():
+    """Forked workers: they share what this process holds (the aligner's table), which
+    Python 3.14's default on Linux, forkserver, would not give them."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None)
+
+
 def map_batches(fn: Callable[[list], object], batches: Iterable[list], workers: int) -> Iterator:
     """``fn(batch)`` for every batch, in order, computed by ``workers`` processes.
 
@@ -49,7 +56,7 @@ def map_batches(fn: Callable[[list], object], batches: Iterable[list], workers: 
     if workers <= 1:
         yield from map(fn, batches)
         return
-    with multiprocessing.Pool(workers) as pool:
+    with _context().Pool(workers) as pool:
         pending = collections.deque()
         for batch in batches:
             pending.append(pool.apply_async(fn, (batch,)))
