@@ -9,6 +9,7 @@ one when the stage ends::
 
 Plain log lines, never carriage-return bars, so that a log written to a file stays one
 readable line per report (a progress bar's redraws would be one line of thousands).
+:func:`watching` follows the progress that other code writes to a file of its own.
 """
 import contextlib
 import datetime
@@ -23,7 +24,10 @@ logger = logging.getLogger(__name__)
 
 # Seconds between two progress lines of one stage (the environment may say otherwise).
 INTERVAL_VARIABLE = "CONVS2S_PROGRESS_SECONDS"
-INTERVAL = float(os.environ.get(INTERVAL_VARIABLE, 10))
+try:
+    INTERVAL = max(0.0, float(os.environ.get(INTERVAL_VARIABLE, 10)))
+except ValueError:  # not a number: the default
+    INTERVAL = 10.0
 # Seconds between two looks at a file that another process writes its progress to.
 POLL = min(1.0, max(INTERVAL, 0.05))
 # A log line as the commands write it (``logging.basicConfig``'s format in their main).
@@ -96,7 +100,9 @@ class CountingWriter:
 @contextlib.contextmanager
 def watching(path: str, on_text: Callable[[str], None]) -> Iterator[None]:
     """While the block runs, call ``on_text`` every :data:`POLL` seconds (and once at its
-    end) with what another process has written to ``path`` since the last call."""
+    end) with what has been written to ``path`` since the last call: by a child process
+    (the aligner), or by C++ code of this one (the aligner's library), which report their
+    progress only there."""
     stop, seen = threading.Event(), [0]
 
     def look() -> None:
