@@ -1,6 +1,7 @@
 """The thread count of the plugin's commands and recipes (fairseq_convs2s_ext.threads): no more
 threads than idle cores, OMP_NUM_THREADS when the user set it, a library's own choice untouched."""
 import os
+import re
 import subprocess
 import sys
 
@@ -40,25 +41,28 @@ def test_the_machine_is_measured():
     assert env == {"PATH": "/bin", "OMP_NUM_THREADS": "3"}
 
 
-def _threads_in(argv0, env=None, before=""):
-    """torch's thread count after the plugin is imported in a program named ``argv0``."""
+def _threads_in(argv0, before="", after=""):
+    """What the plugin's import did to torch's threads in a program named ``argv0``, started
+    without OMP_NUM_THREADS: (thread counts printed, stderr)."""
     code = (f"import sys, torch\nsys.argv = [{argv0!r}]\n{before}\nimport fairseq_convs2s_ext\n"
-            "print('THREADS', torch.get_num_threads())")
+            f"print('THREADS', torch.get_num_threads())\n{after}")
     environ = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    proc = subprocess.run([sys.executable, "-c", code], env={**environ, **(env or {})}, text=True,
-                          capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", code], env=environ, text=True, capture_output=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return int(proc.stdout.split("THREADS")[-1]), proc.stderr
+    return [int(n) for n in re.findall(r"^THREADS (\d+)$", proc.stdout, flags=re.M)], proc.stderr
 
 
 def test_a_fairseq_command_uses_the_chosen_threads():
-    count, log = _threads_in("fairseq-generate", {"OMP_NUM_THREADS": "1"})
-    assert count == 1
-    count, log = _threads_in("fairseq-train", before="import logging; logging.basicConfig(level=logging.INFO)")
-    assert 1 <= count <= threads.usable_cores()
-    assert f"using {count} CPU thread" in log and "set OMP_NUM_THREADS to choose" in log
+    """As fairseq-train imports the plugin: the idle cores, logged with how to choose; a later
+    choice in the same process follows OMP_NUM_THREADS."""
+    (chosen, respected), log = _threads_in(
+        "fairseq-train", before="import logging; logging.basicConfig(level=logging.INFO)",
+        after="import os\nos.environ['OMP_NUM_THREADS'] = '1'\nfrom fairseq_convs2s_ext import threads\n"
+              "threads.apply_to_command()\nprint('THREADS', torch.get_num_threads())")
+    assert 1 <= chosen <= threads.usable_cores()
+    assert f"using {chosen} CPU thread" in log and "set OMP_NUM_THREADS to choose" in log
+    assert respected == 1 and "using 1 CPU thread (OMP_NUM_THREADS=1)" in log
 
 
 def test_a_program_importing_the_plugin_keeps_its_own_threads():
-    count, _ = _threads_in("my-program", before="torch.set_num_threads(3)")
-    assert count == 3
+    assert _threads_in("my-program", before="torch.set_num_threads(3)")[0] == [3]

@@ -132,16 +132,17 @@ def test_smoke_recipe_runs_in_the_current_folder(installed):
     """The whole en-ro recipe on local data (prepare, fairseq-hydra-train's training on the
     installed configs, generate, score), its work folder in ./work of the folder it runs in,
     its fairseq-generate told the recipe's threads."""
-    log = installed.sh("convs2s-recipe wmt16-en-ro --smoke", env={"OMP_NUM_THREADS": "1"})
+    count = "1"  # the pass-through is tested; the idle-core choice of a busy machine would make it 1 anyway
+    log = installed.sh("convs2s-recipe wmt16-en-ro --smoke", env={"OMP_NUM_THREADS": count})
     work = installed.home / "work" / "wmt16-en-ro-smoke"
     assert not (installed.site / "work").exists()
     assert hypothesis_ids((work / "generate-test.txt").read_text(encoding="utf-8")) == list(range(1999))  # all of newstest2016
     results = json.loads((work / "report.json").read_text())
     assert results["sacrebleu"]["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     report = (work / "report.md").read_text()
-    assert "test sentences: 1999" in report and "CPU threads: 1 (OMP_NUM_THREADS=1)" in report
+    assert "test sentences: 1999" in report and f"CPU threads: {count} (OMP_NUM_THREADS={count})" in report
     assert "num_updates 60" in log
-    assert "generating: OMP_NUM_THREADS=1 fairseq-generate" in log
+    assert f"generating: OMP_NUM_THREADS={count} fairseq-generate" in log
     # The Romanian side was normalized as in Sennrich's WMT16 pipeline (no diacritics).
     train_ro = (work / "prepared" / "tok" / "train.clean.ro").read_text(encoding="utf-8")
     assert not set("ăâîșțşţ") & set(train_ro)
