@@ -94,7 +94,9 @@ def output_lock(folder: str) -> Iterator[None]:
         _held[key] = [fd, 1]
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, f"{os.getpid()} {shlex.join(sys.argv)}\n".encode("utf-8", "replace"))
+        text = f"{os.getpid()} {shlex.join(sys.argv)}\n".encode("utf-8", "replace")
+        while text:  # a write may be short (a file-size limit): the next one says why
+            text = text[os.write(fd, text):]
         yield
     finally:
         _held.pop(key, None)

@@ -29,7 +29,7 @@ from typing import Optional
 
 from convs2s_preprocess.atomic import atomic_outputs
 from convs2s_preprocess.bpe import remove_bpe
-from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.errors import PreprocessError, full_disk_reported
 from convs2s_preprocess.locking import output_lock
 from convs2s_preprocess.romanian import normalize_romanian_line
 from convs2s_preprocess.textio import read_lines
@@ -293,7 +293,8 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(name)s | %(message)s")
     chosen = threads.apply(threads.current())  # this process trains; its fairseq-generate gets the same
     try:
-        with output_lock(work_folder(args)):  # one run at a time in a work folder
+        # one run at a time in a work folder; a full disk (a report, a corpus) is one line
+        with full_disk_reported(work_folder(args)), output_lock(work_folder(args)):
             run(args.name, os.path.abspath(args.data), work_folder(args), chosen, args.smoke,
                 not args.no_backtranslation, args.overrides)
     except (PreprocessError, DownloadError, score.ScoreError, HydraException) as e:

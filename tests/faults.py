@@ -147,7 +147,7 @@ def limited_run(case: Case, reference: Path, folder: Path, limit: int) -> tuple:
     """
     case.setup(folder)
     limited = run(case.argv, folder, file_size_limit=limit)
-    problems = _one_clear_line(limited) if limited.returncode != 0 else []
+    problems = one_clear_line(limited) if limited.returncode != 0 else []
     left, complete = snapshot(folder), snapshot(reference)
     problems += [f"{name}: left with other bytes than an unlimited run's" for name, digest in left.items()
                  if name in complete and digest != complete[name] and not name.endswith(".built-from.json")]
@@ -161,7 +161,8 @@ def limited_run(case: Case, reference: Path, folder: Path, limit: int) -> tuple:
     return limited.returncode != 0, [f"limit {limit} bytes: {problem}" for problem in problems]
 
 
-def _one_clear_line(done: subprocess.CompletedProcess) -> list:
+def one_clear_line(done: subprocess.CompletedProcess) -> list:
+    """What is wrong with the error output of a run stopped by a full disk (nothing: [])."""
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     if "Traceback" in done.stderr or len(errors) != 1:
         return [f"not one line of error:\n{done.stderr[-3000:]}"]

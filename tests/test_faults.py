@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fairseq_convs2s_ext  # noqa: F401  (checkpoints load with weights_only)
-from faults import Case, command, failure_limits, kill_and_resume, limited_run, reproduce, rng, same_files, \
-    timed, write_order
+from faults import FLOOR, Case, command, failure_limits, kill_and_resume, limited_run, one_clear_line, reproduce, \
+    rng, run, same_files, timed, write_order
 from tiny_runs import USER_DIR
 
 LINES = {"train": ("train", 500), "valid": ("val", 40), "test": ("test_2016_flickr", 40)}
@@ -157,3 +157,11 @@ def test_a_full_disk_stops_with_one_line_and_the_rerun_completes(cases, name, tm
 @pytest.mark.parametrize("name", FULL_DISK)
 def test_a_full_disk_at_every_write(cases, name, tmp_path, request):
     _full_disk(cases, name, tmp_path, f"test_faults.py::{request.node.name}", None)
+
+
+def test_a_recipe_on_a_full_disk_stops_with_one_line(tmp_path):
+    """The recipe's first write, its work folder's lock, fails: one line, nothing left."""
+    done = run(command("convs2s-recipe", "multi30k-unk", "--smoke", "--work", tmp_path / "work"), tmp_path,
+               file_size_limit=FLOOR)
+    assert done.returncode == 1 and not one_clear_line(done), done.stderr
+    assert os.listdir(tmp_path / "work") == []
