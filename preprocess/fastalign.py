@@ -27,8 +27,8 @@ under every source word that single precision, see below, no longer tells them a
 
 Reproducible: fast_align adds its counts from several OpenMP threads in whatever order they
 come ("Ignore race conditions here", in its ttables.h), so the model changes from run to
-run. The library runs here on one thread (``OMP_NUM_THREADS=1``, set before it is
-loaded), which gives the same links on every run.
+run. The library runs here on one thread (``OMP_NUM_THREADS=1`` in the environment of the
+process that loads it), which gives the same links on every run.
 
 The tension is read from the library's training log (``final tension:``, six significant
 digits), as fast_align's own ``force_align.py`` reads it. The translation tables are read
@@ -39,11 +39,11 @@ otherwise every co-occurring word pair is there, about 8 bytes each: a corpus of
 of pairs needs gigabytes of memory, as the binary does. The table is read through a
 memory map into sorted keys and probabilities, 12 bytes an entry (:func:`read_table`).
 
-Decoding is per pair, so ``--workers N`` decodes batches of pairs in N processes forked
-after the table is read, which share it. The library trains both directions although only
-the forward table is read (its Python API has no switch for one direction): about 40% of
-the training time, which only the ``fast_align`` binary (``convs2s-align-dict --fast-align``)
-avoids.
+Only the forward direction is trained: the library's API trains both, one after the
+other, so it runs in a child process that is stopped once its log shows the forward table
+written (:func:`train`; the backward half was about 40% of the time). Decoding is per
+pair, so ``--workers N`` decodes batches of pairs in N processes forked after the table is
+read, which share it.
 """
 import argparse
 import functools
@@ -53,15 +53,17 @@ import mmap
 import os
 import re
 import struct
+import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
+import time
 from typing import Iterator, NamedTuple
 
 import numpy as np
 
 from .parallel import batched, map_batches
-from .progress import Progress, watching
+from .processes import die_with_parent
+from .progress import Progress
 from .textio import count_lines
 
 logger = logging.getLogger(__name__)
@@ -75,10 +77,11 @@ INITIAL_TENSION = 4.0  # fast_align's starting diagonal tension (-T)
 KEEP_ALL = -1e300
 FORMAT_VERSION = 2
 ENTRY = np.dtype([("f", "<i4"), ("p", "<f4")])
-# The library's training: an initial pass and 5 EM iterations over the corpus, in each of
-# the two directions; its log has a dot per DOT_PAIRS pairs of each pass.
-TRAINING_PASSES = 12
+# The library's training of the forward direction: an initial pass and 5 EM iterations
+# over the corpus; its log has a dot per DOT_PAIRS pairs of each pass.
+TRAINING_PASSES = 6
 DOT_PAIRS = 1000
+CHECK_SECONDS = 0.1  # between two looks at the training's log
 # Pairs handed to a decoding worker at a time.
 DECODE_BATCH_LINES = 2000
 
@@ -106,66 +109,71 @@ class TranslationTable(NamedTuple):
         return np.where(self.keys[at] == keys, self.probs[at], 0.0)
 
 
-@contextmanager
-def stderr_to(path: str) -> Iterator[None]:
-    """Send file descriptor 2, where the library's C++ code logs, to ``path``; this
-    process's own log lines (its progress) still go where stderr went."""
-    saved = os.dup(2)
-    handlers = [handler for handler in logging.getLogger().handlers
-                if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr]
-    try:
-        with open(path, "w") as log, open(os.dup(saved), "w", buffering=1) as stream:
-            os.dup2(log.fileno(), 2)
-            for handler in handlers:
-                handler.setStream(stream)
-            try:
-                yield
-            finally:
-                for handler in handlers:
-                    handler.setStream(sys.stderr)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def trained_pairs(log: str) -> int:
     """Pair passes done by the library's training, from its log: a dot per
     :data:`DOT_PAIRS` pairs of each pass over the corpus, on lines of their own."""
     return DOT_PAIRS * sum(len(run) for run in re.findall(r"(?m)^\.+$", log + "\n"))
 
 
-def training_progress(progress: Progress):
-    """An ``on_text`` for :func:`watching` the library's training log."""
-    log = []
+def forward_written(log: str, forward: str) -> bool:
+    """Whether the library's log shows the forward table written: the table announced and
+    the backward direction's first pass begun after it (the library trains and writes one
+    direction, then the other)."""
+    marker = f"conditional probabilities: {forward}"
+    return marker in log and "INITIAL PASS" in log[log.index(marker):]
 
-    def on_text(text: str) -> None:
-        log.append(text)
-        progress.update(trained_pairs("".join(log)) - progress.done)
-    return on_text
+
+def library_training(corpus: str, forward: str, backward: str, settings: list) -> None:
+    """The library's training of both directions, in the child process :func:`train` starts."""
+    import systran_align
+    favor_diagonal, optimize_tension, variational_bayes = settings
+    systran_align.generate_alignment_probabilities(
+        corpus, forward, backward, verbose=True, favor_diagonal=favor_diagonal,
+        optimize_tension=optimize_tension, variational_bayes=variational_bayes,
+        beam_threshold=KEEP_ALL)
 
 
 def train(corpus: str, workdir: str, settings: Settings) -> tuple:
-    """fast_align's EM on ``corpus``: (forward table file, final diagonal tension)."""
-    os.environ["OMP_NUM_THREADS"] = "1"  # read by OpenMP when the library loads
-    import systran_align
+    """fast_align's EM on ``corpus``: (forward table file, final diagonal tension).
 
+    The library runs in a child process on one thread (``OMP_NUM_THREADS=1``, read when
+    it loads), which logs to a file; that log gives the progress, and once it shows the
+    forward table written the child is stopped: the backward direction, which the
+    library's API trains too, is never read.
+    """
     forward, backward, log = (os.path.join(workdir, name)
                               for name in ("forward.probs", "backward.probs", "train.log"))
     progress = Progress("train fast_align's model", TRAINING_PASSES * count_lines(corpus),
                         unit="pair passes", log=logger)
-    with stderr_to(log), watching(log, training_progress(progress)):
-        systran_align.generate_alignment_probabilities(
-            corpus, forward, backward, verbose=True, favor_diagonal=settings.favor_diagonal,
-            optimize_tension=settings.optimize_tension,
-            variational_bayes=settings.variational_bayes, beam_threshold=KEEP_ALL)
-    progress.update(progress.total - progress.done)  # every pass is done (the dots are rounded)
-    progress.finish()
-    with open(log) as f:
+    code = (f"from {__package__}.fastalign import library_training; "
+            f"library_training(*{[corpus, forward, backward, list(settings)]!r})")
+    with open(log, "w") as log_file:
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=log_file,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                 preexec_fn=die_with_parent())
+        try:
+            while child.poll() is None:
+                time.sleep(CHECK_SECONDS)
+                with open(log, errors="replace") as f:
+                    text = f.read()
+                progress.update(min(trained_pairs(text), progress.total) - progress.done)
+                if forward_written(text, forward):
+                    break
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+    with open(log, errors="replace") as f:
         text = f.read()
-    sys.stderr.write(text)
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    if not forward_written(text, forward) and child.returncode != 0:
+        raise RuntimeError(f"systran-align's training failed (exit status {child.returncode})")
     marker = f"conditional probabilities: {forward}"
     if marker not in text:
         raise RuntimeError(f"systran-align's training log lacks {marker!r}")
+    progress.update(progress.total - progress.done)  # every pass is done (the dots are rounded)
+    progress.finish()
     tensions = re.findall(r"final tension: (\S+)", text[:text.index(marker)])
     return forward, float(tensions[-1]) if tensions else INITIAL_TENSION
 

@@ -18,6 +18,7 @@ from conftest import DATA, ROOT
 from convs2s_preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
                               aligned_pairs, build_align_dict, candidate_lines, count_links,
                               find_aligner, most_frequent, ranked_candidates, write_aligner_input)
+from convs2s_preprocess import fastalign
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
 from convs2s_preprocess.tokenize import tokenize_file
@@ -368,6 +369,27 @@ def test_library_runs_in_a_child_process(tmp_path):
 
 @needs_reference
 @needs_systran_align
+def test_only_the_forward_direction_is_trained(tmp_path):
+    """The library's training is stopped once the forward table is written: no backward
+    table, and the forward one byte for byte the table of a run left to its end."""
+    corpus = tmp_path / "corpus"
+    write(corpus, [f"{' '.join(src)} {SEPARATOR} {' '.join(tgt)}" for src, tgt in _reference_pairs(3000)])
+    (tmp_path / "stopped").mkdir()
+    table_path, tension = fastalign.train(str(corpus), str(tmp_path / "stopped"),
+                                          fastalign.Settings(True, True, True))
+    assert not (tmp_path / "stopped" / "backward.probs").exists()
+    log = (tmp_path / "stopped" / "train.log").read_text()
+    assert log.count("final tension: ") == 3 and f"final tension: {tension:g}" in log  # -o's 3 updates
+    full = [str(corpus), str(tmp_path / "forward.probs"), str(tmp_path / "backward.probs"), [True, True, True]]
+    subprocess.run([sys.executable, "-c", f"from convs2s_preprocess.fastalign import library_training; "
+                    f"library_training(*{full!r})"], check=True, capture_output=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert (tmp_path / "backward.probs").exists()
+    assert Path(table_path).read_bytes() == (tmp_path / "forward.probs").read_bytes()
+
+
+@needs_reference
+@needs_systran_align
 def test_progress_of_the_aligner_is_relayed_as_log_lines(tmp_path):
     """The child's training and decoding progress reaches convs2s-align-dict's log, with
     rates, as lines: a log file of it holds no carriage-return bar."""
@@ -376,9 +398,9 @@ def test_progress_of_the_aligner_is_relayed_as_log_lines(tmp_path):
                            "-o", str(tmp_path / "align.dict"), "--workers", "2"], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, CONVS2S_PROGRESS_SECONDS="0"))
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"\| train fast_align's model: 18,000/18,000 pair passes \(100%\), [\d,]+ pair "
+    assert re.search(r"\| train fast_align's model: 9,000/9,000 pair passes \(100%\), [\d,]+ pair "
                      r"passes/s in \d", proc.stderr), proc.stderr
-    assert re.search(r"\| train fast_align's model: [\d,]+/18,000 pair passes \(\d\d?%\), [\d,]+ pair "
+    assert re.search(r"\| train fast_align's model: [\d,]+/9,000 pair passes \(\d\d?%\), [\d,]+ pair "
                      r"passes/s, about \d+:\d\d:\d\d left", proc.stderr), proc.stderr  # before the end
     assert re.search(r"\| align: 1,500/1,500 pairs \(100%\), [\d,]+ pairs/s in \d", proc.stderr)
     assert "\r" not in proc.stderr
