@@ -101,8 +101,7 @@ class CountingWriter:
 def watching(path: str, on_text: Callable[[str], None]) -> Iterator[None]:
     """While the block runs, call ``on_text`` every :data:`POLL` seconds (and once at its
     end) with what has been written to ``path`` since the last call: by a child process
-    (the aligner), or by C++ code of this one (the aligner's library), which report their
-    progress only there."""
+    (the aligner), whose log lines, its progress among them, go only there."""
     stop, seen = threading.Event(), [0]
 
     def look() -> None:
