@@ -15,6 +15,7 @@ import importlib
 import io
 import os
 import sys
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +37,9 @@ def console_scripts(setup_py=REPO / "setup.py"):
 def help_text(command, target):
     """What ``command --help`` prints, from its entry point called as the installed script calls it."""
     module, function = target.split(":")
-    main = getattr(importlib.import_module(module), function)
+    with warnings.catch_warnings():  # fairseq's import-time deprecations are not the reader's concern
+        warnings.simplefilter("ignore", DeprecationWarning)
+        main = getattr(importlib.import_module(module), function)
     out = io.StringIO()
     argv, columns = sys.argv, os.environ.get("COLUMNS")
     sys.argv, os.environ["COLUMNS"] = [command, "--help"], WIDTH
