@@ -10,10 +10,14 @@ it also reports a checkpoint or file that cannot be used in one line instead of 
 """
 import os
 
-from .checkpoints import allow_fairseq_checkpoints
-from .excepthook import install_excepthook, runs_fairseq_command
-from .hydra_configs import register_base_config
-from .quiet import filter_warnings, repair_fairseq_logging
+from .quiet import root_logging
+
+_ROOT_LOGGING = root_logging()  # before fairseq is imported: see .quiet
+
+from .checkpoints import allow_fairseq_checkpoints  # noqa: E402
+from .excepthook import install_excepthook, runs_fairseq_command  # noqa: E402
+from .hydra_configs import register_base_config  # noqa: E402
+from .quiet import filter_warnings, repair_fairseq_logging, undo_fairseq_basic_config  # noqa: E402
 from .threads import apply_to_command as choose_command_threads
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
@@ -28,6 +32,8 @@ if runs_fairseq_command():
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)
 from .models import ConvS2SModel  # noqa: E402
+
+undo_fairseq_basic_config(_ROOT_LOGGING)  # fairseq's import-time logging.basicConfig(DEBUG)
 
 __all__ = ["USER_DIR", "ConvS2SModel"]
 

@@ -19,13 +19,18 @@ What is done, and only this:
 - :func:`repair_fairseq_logging`: in a fairseq command, the root logger that
   ``wav2vec2_classification`` set to DEBUG gets fairseq's level (``LOGLEVEL``, else INFO)
   and format.
+- :func:`undo_fairseq_basic_config`: in a program of one's own that imports the plugin
+  before fairseq, the root logger is left as it was before fairseq's import (a program that
+  imported fairseq itself first has already been given fairseq's DEBUG root).
 - :func:`at_debug`: during a call, the INFO records of the named loggers are logged at
   DEBUG (the hub's per-call batching lines).
 """
 import contextlib
 import logging
 import os
+import sys
 import warnings
+from typing import Optional, Tuple
 
 # (category, module the warning is attributed to, message start): each one ignored.
 UNACTIONABLE = [
@@ -59,6 +64,28 @@ def repair_fairseq_logging() -> None:
     level = os.environ.get("LOGLEVEL", "INFO").upper()
     root.setLevel(level)
     handlers[0].setFormatter(logging.Formatter(FAIRSEQ_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+
+
+def root_logging() -> Optional[Tuple[int, list]]:
+    """The root logger's level and handlers, if fairseq's models are not imported yet."""
+    if "fairseq.models" in sys.modules:
+        return None
+    root = logging.getLogger()
+    return root.level, list(root.handlers)
+
+
+def undo_fairseq_basic_config(before: Optional[Tuple[int, list]]) -> None:
+    """Give the root logger back the level it had ``before`` fairseq's import, if that import
+    added the DEBUG handler of ``logging.basicConfig(level=logging.DEBUG)``."""
+    if before is None:
+        return
+    level, handlers = before
+    root = logging.getLogger()
+    added = [h for h in root.handlers if h not in handlers]
+    if root.level == logging.DEBUG != level and len(added) == 1 and added[0].formatter is not None \
+            and added[0].formatter._fmt == logging.BASIC_FORMAT:
+        root.removeHandler(added[0])
+        root.setLevel(level)
 
 
 class _AtDebug(logging.Filter):

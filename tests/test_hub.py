@@ -184,3 +184,22 @@ def test_plot_attention_command(bpe_model, tmp_path):
          "--data", prepared, "--source", "x"], cwd=ROOT, text=True, capture_output=True)
     assert missing.returncode != 0 and "none.pt: no such checkpoint file" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("task", ["translation", "convs2s_translation"])
+def test_empty_and_over_long_sentences_whatever_the_task(word_model, tmp_path, task):
+    """An empty sentence translates as empty (fairseq's stock task would invent one); one longer
+    than the model takes is a ValueError saying so (fairseq's names a command-line flag)."""
+    prepared, checkpoints = word_model
+    _with_task(checkpoints / "checkpoint_best.pt", task, tmp_path / "model.pt")
+    hub = ConvS2SModel.from_pretrained(tmp_path, checkpoint_file="model.pt", data_name_or_path=prepared)
+    sentence = "A dog runs through the snow."
+    best = hub.translate(sentence, beam=5)
+    assert best != ""
+    assert hub.translate("") == "" and hub.translate([sentence, "", " \t"], beam=5) == [best, "", ""]
+    assert hub.translate(["", sentence], beam=5, nbest=2) == [["", ""], hub.translate(sentence, beam=5, nbest=2)]
+    too_long = " ".join(["dog"] * 1100)
+    with pytest.raises(ValueError, match=r"^sentence 1 is 1101 tokens long .*more than the 1024 the model takes: split it$"):
+        hub.translate([sentence, too_long])
+    with pytest.raises(ValueError, match=r"^sentence 0 is 1101 tokens long"):
+        hub.generate([hub.encode(too_long)])

@@ -1,6 +1,7 @@
 """A quiet start (fairseq_convs2s_ext.quiet): fairseq's commands with the plugin, and the hub,
 print no warning a user can do nothing about, no DEBUG line, and fairseq's own log format; the
 hub's per-call batching lines are DEBUG records. Real commands in subprocesses, stderr read."""
+import logging
 import subprocess
 import sys
 
@@ -66,3 +67,22 @@ def test_the_hub_translates_without_warnings_its_batching_lines_at_debug(checkpo
     quiet, debug = stderr.split("translating\n")[1].split("DEBUG:", 1)
     assert quiet == "" and "Warning" not in debug, stderr[-3000:]
     assert "DEBUG:fairseq.tasks.fairseq_task:creating new batches" in "DEBUG:" + debug
+
+
+PLAIN = """
+import logging, sys
+from fairseq_convs2s_ext import ConvS2SModel
+hub = ConvS2SModel.from_pretrained(sys.argv[1], data_name_or_path=sys.argv[2])
+hub.translate("A dog runs .")
+print(logging.getLogger().level, len(logging.getLogger().handlers))
+"""
+
+
+def test_a_program_that_configures_no_logging_gets_pythons_defaults(checkpoints, small_bin):
+    """fairseq's import calls logging.basicConfig(level=DEBUG) (wav2vec2_classification); the
+    plugin, imported first, leaves the root logger as it was: WARNING, no handler."""
+    save_dir, _ = checkpoints
+    proc = subprocess.run([sys.executable, "-c", PLAIN, str(save_dir), str(small_bin)], cwd=save_dir, text=True,
+                          capture_output=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+    assert proc.stdout.split() == [str(logging.WARNING), "0"]

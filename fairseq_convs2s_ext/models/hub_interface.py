@@ -33,6 +33,9 @@ What the interface adds to fairseq's:
   each sentence reaches the replacement, whatever task the checkpoint was trained with. The
   replaced words are decoded directly and never added to the target dictionary, whose size
   must stay the model's for the next call's beam search;
+- whatever task the checkpoint was trained with, an empty sentence translates as empty (not
+  an invented sentence) and one longer than the model takes raises a ValueError saying so
+  (fairseq's exception names a command-line option);
 - ``layer_attention``: each decoder layer's attention for a sentence pair, and their
   average (drawn by ``convs2s-plot-attention``, :mod:`..cli.plot_attention`).
 """
@@ -157,18 +160,33 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
         align_dict = self.align_dict if replace_unk is None else read_align_dict(replace_unk)
         texts = [self.apply_bpe(self.tokenize(sentence)) for sentence in sentences]
         tokens = [self.binarize(text) for text in texts]
+        self._check_lengths(tokens)
+        words = [i for i, t in enumerate(tokens) if t.numel() > 1]  # an empty sentence is </s> alone
         with self._attention(align_dict is not None):
-            hypotheses = self.generate(tokens, beam, verbose, **kwargs)
+            generated = self.generate([tokens[i] for i in words], beam, verbose, **kwargs) if words else []
+        hypotheses = dict(zip(words, generated))
         outputs = []
-        for src_tokens, text, hypos in zip(tokens, texts, hypotheses):
-            best = [self._decode(hypo, src_tokens, text, align_dict) for hypo in hypos[:nbest]]
+        for i, (src_tokens, text) in enumerate(zip(tokens, texts)):
+            # an empty sentence translates as empty, as in fairseq-interactive with the plugin's task
+            best = [self._decode(hypo, src_tokens, text, align_dict) for hypo in hypotheses[i][:nbest]] \
+                if i in hypotheses else [""] * nbest
             outputs.append(best[0] if nbest == 1 else best)
         return outputs
+
+    def _check_lengths(self, tokenized_sentences) -> None:
+        """A ValueError for a sentence longer than the model takes (fairseq's exception names a
+        command-line option, --skip-invalid-size-inputs-valid-test, that a program has not)."""
+        limit = self.max_positions[0] if isinstance(self.max_positions, (tuple, list)) else self.max_positions
+        for i, tokens in enumerate(tokenized_sentences):
+            if limit is not None and tokens.numel() > limit:
+                raise ValueError(f"sentence {i} is {tokens.numel()} tokens long (its words or BPE pieces after "
+                                 f"tokenization, and </s>), more than the {limit} the model takes: split it")
 
     def generate(self, tokenized_sentences, *args, **kwargs):
         if kwargs.get("replace_unk") is not None:
             raise ValueError("replace_unk needs the source text, which token ids do not keep: "
                              "use translate() or sample(), which take the sentences")
+        self._check_lengths(tokenized_sentences)
         with at_debug("fairseq.tasks.fairseq_task"):  # its batching lines, at INFO on every call
             return super().generate(tokenized_sentences, *args, **kwargs)
 
