@@ -2,6 +2,7 @@
 convs2s-prepare and checkpoints written by fairseq-train (Multi30k en-de)."""
 import math
 import re
+import shutil
 import subprocess
 import sys
 
@@ -184,6 +185,17 @@ def test_plot_attention_command(bpe_model, tmp_path):
          "--data", prepared, "--source", "x"], cwd=ROOT, text=True, capture_output=True)
     assert missing.returncode != 0 and "none.pt: no such checkpoint file" in missing.stderr
     assert "Traceback" not in missing.stderr
+    damaged = tmp_path / "prepared"
+    shutil.copytree(prepared / "bin", damaged / "bin")
+    (damaged / "bin" / "dict.de.txt").write_text("und 5\nnocount\n", encoding="utf-8")
+    malformed = subprocess.run(
+        [sys.executable, "-m", "fairseq_convs2s_ext.cli.plot_attention", "--path", checkpoints / "checkpoint_best.pt",
+         "--data", damaged, "--source", "x"], cwd=ROOT, text=True, capture_output=True)
+    assert malformed.returncode != 0 and "Traceback" not in malformed.stderr, malformed.stderr[-3000:]
+    assert malformed.stderr.splitlines()[-1] == (
+        f"plot_attention.py: error: {damaged / 'bin' / 'dict.de.txt'}: not a fairseq dictionary: Incorrect dictionary "
+        "format, expected '<token> <cnt> [flags]': \"nocount\"; use the dict.LANG.txt that fairseq-preprocess or "
+        "convs2s-prepare wrote")
 
 
 @pytest.mark.parametrize("task", ["translation", "convs2s_translation"])
