@@ -72,7 +72,7 @@ def test_the_readme_fits_a_screen_and_a_bit():
 
 def test_the_site_builds_with_no_warnings(tmp_path):
     site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for command in gen_cli_reference.console_scripts():
@@ -82,6 +82,25 @@ def test_the_site_builds_with_no_warnings(tmp_path):
     assert "fairseq_convs2s_ext.models.convs2s.ConvS2SModel" in model  # mkdocstrings rendered it
     for picture in ("speed", "memory", "bleu-time"):
         assert (site / "performance" / f"{picture}.png").stat().st_size > 0
+
+
+@pytest.mark.slow  # a second build of the site
+def test_a_console_script_left_out_of_the_nav_fails_the_build(tmp_path):
+    """The generated page of a command the nav does not name is a warning, so --strict stops.
+    (Not under -q: mkdocs then counts no warnings, and --strict passes anything.)"""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    for section in config["nav"]:
+        if isinstance(section, dict) and "Command-line reference" in section:
+            section["Command-line reference"].remove("cli/convs2s-score.md")
+    config["docs_dir"] = str(ROOT / "docs")
+    config["hooks"] = [str(ROOT / h) for h in config["hooks"]]
+    config["plugins"][1]["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(tmp_path / "mkdocs.yml"),
+                           "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode != 0
+    assert "cli/convs2s-score.md" in proc.stderr
 
 
 def test_every_console_script_has_a_reference_page_in_the_nav():
