@@ -107,8 +107,12 @@ def _dictionary_error(exc: BaseException, tb) -> Optional[str]:
     """A dictionary file fairseq could not read (its messages do not name the file)."""
     f = _frame_local(tb, "add_from_file", _FAIRSEQ_DICTIONARY, "f")
     path = f if isinstance(f, str) else getattr(f, "name", None)
-    if path is None or isinstance(exc, (OSError, MemoryError)):
+    if path is None or isinstance(exc, MemoryError):
         return None
+    if isinstance(exc, FileNotFoundError):  # fairseq looks for dict.SRC.txt and dict.TGT.txt in the data folder
+        return f"{path}: no such dictionary: the data folder must hold the dict.LANG.txt of each side (check -s/-t)"
+    if isinstance(exc, OSError):
+        return f"{path}: {exc.strerror or exc}"
     why = " ".join(str(exc).replace("\n", "").split())  # fairseq quotes the bad line with its newline
     return f"{path}: not a fairseq dictionary: {why}; use the dict.LANG.txt that fairseq-preprocess or convs2s-prepare wrote"
 

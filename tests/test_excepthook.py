@@ -86,6 +86,14 @@ def test_a_malformed_dictionary_is_named(small_bin, tmp_path):
                             f"dict.LANG.txt that fairseq-preprocess or convs2s-prepare wrote")
 
 
+def test_a_missing_dictionary_is_named(small_bin, tmp_path):
+    status, stderr = fairseq_command("fairseq-generate", small_bin, "-s", "en", "-t", "fr", "--path", "none.pt",
+                                     cwd=tmp_path)
+    assert status == 1
+    assert_one_line(stderr, f"fairseq-generate: error: {small_bin}/dict.fr.txt: no such dictionary: the data folder "
+                            f"must hold the dict.LANG.txt of each side (check -s/-t)")
+
+
 def test_a_folder_without_binaries_whose_languages_cannot_be_told_is_one_line(small_bin, tmp_path):
     for name in ("dict.en.txt", "dict.de.txt"):
         shutil.copy(small_bin / name, tmp_path / name)
