@@ -31,6 +31,7 @@ from convs2s_preprocess.atomic import atomic_outputs
 from convs2s_preprocess.bpe import remove_bpe
 from convs2s_preprocess.errors import PreprocessError, full_disk_reported
 from convs2s_preprocess.locking import output_lock
+from convs2s_preprocess.processes import run_child
 from convs2s_preprocess.romanian import normalize_romanian_line
 from convs2s_preprocess.textio import read_lines
 
@@ -167,8 +168,10 @@ def generate(recipe, data_bin, checkpoint, work, threads, align_dict=None):
         logger.info("generating: OMP_NUM_THREADS=%s fairseq-generate %s", env["OMP_NUM_THREADS"],
                     " ".join(command[3:]))
         with atomic_outputs([output]) as (temp,):
-            with open(temp, "w", encoding="utf-8") as out:
-                subprocess.run(command, check=True, stdout=out, env=env)
+            with open(temp, "w", encoding="utf-8") as out:  # it stops when the recipe does, even by SIGKILL
+                status = run_child(command, stdout=out, stderr=None, cwd=None, env=env)
+            if status:
+                raise subprocess.CalledProcessError(status, command)
     hypotheses = {}
     with open(output, encoding="utf-8") as f:
         for line in f:

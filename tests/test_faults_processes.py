@@ -84,3 +84,26 @@ def test_the_guardian_of_a_dead_parent_starts_nothing(tmp_path):
                            sys.executable, "-c", "import time; time.sleep(300)", marker], cwd=ROOT, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     assert not processes_mentioning(marker)
+
+
+def test_sigkill_of_a_recipe_stops_its_fairseq_generate(tmp_path):
+    """The recipe's generation step runs fairseq-generate as a child process: a SIGKILL of
+    the recipe stops it too (here a stand-in command in its place, that would sleep on)."""
+    marker = str(tmp_path / "generating")
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    script = f"""
+import os, sys
+from convs2s_recipes import run
+run.generate_command = lambda *args, **kwargs: (
+    [sys.executable, "-c", "import time; time.sleep(300)", os.environ["MARKER"]], dict(os.environ, OMP_NUM_THREADS="1"))
+run.generate(run.RECIPES["multi30k-demo"], "data-bin", {str(tmp_path / "checkpoint.pt")!r}, {str(tmp_path)!r}, None)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env={**os.environ, "MARKER": marker})
+    try:
+        assert wait_until(lambda: processes_mentioning(marker) or proc.poll() is not None, 60)
+        assert proc.poll() is None, "the recipe's generation step ended before it was killed"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_until(lambda: not processes_mentioning(marker), 10), \
+        f"left running after SIGKILL of the recipe: {processes_mentioning(marker)}"
