@@ -22,8 +22,8 @@ def stderr_of(*command, cwd):
 
 
 def assert_quiet(stderr):
-    noise = [line for line in stderr.splitlines()
-             if "Warning" in line or line.startswith("DEBUG") or line.startswith("INFO:")]
+    noise = [line for line in stderr.splitlines() if "Warning" in line or "| WARNING |" in line
+             or line.startswith("DEBUG") or line.startswith("INFO:")]
     assert not noise, "\n".join(noise)
 
 
