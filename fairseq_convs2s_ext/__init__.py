@@ -1,4 +1,4 @@
-"""ConvS2S (Gehring et al., 2017) for fairseq, loaded with ``--user-dir fairseq_convs2s_ext``.
+"""ConvS2S (Gehring et al., 2017) for fairseq, loaded with ``--user-dir "$(convs2s-user-dir)"``.
 
 Importing the package registers the ``convs2s`` model and its architectures, the
 ``convs2s_cross_entropy`` criterion and the ``convs2s_translation`` task with fairseq (and
@@ -6,7 +6,9 @@ their configs with hydra, see :mod:`.hydra_configs`); lets fairseq's checkpoints
 torch's safe ``weights_only`` unpickler while refusing any whose configuration could run
 code (see :mod:`.checkpoints`). Imported by one of fairseq's commands as its ``--user-dir``,
 it also reports a checkpoint or file that cannot be used in one line instead of a traceback
-(see :mod:`.excepthook`); imported into any other program, it leaves ``sys.excepthook`` alone.
+(see :mod:`.excepthook`), chooses torch's CPU threads (:mod:`.threads`), repairs fairseq's
+logging and, with ``--help``, prints the options of the chosen task and architecture
+(:mod:`.cli.fairseq_help`); imported into any other program, it changes none of these.
 """
 import os
 
@@ -18,7 +20,7 @@ from .checkpoints import allow_fairseq_checkpoints  # noqa: E402
 from .excepthook import install_excepthook, runs_fairseq_command  # noqa: E402
 from .hydra_configs import register_base_config  # noqa: E402
 from .quiet import filter_warnings, repair_fairseq_logging, undo_fairseq_basic_config  # noqa: E402
-from .threads import apply_to_command as choose_command_threads
+from .threads import apply_to_command as choose_command_threads  # noqa: E402
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
 
