@@ -42,7 +42,7 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 # The real runs that take longer than the default suite.
 test-slow: install
