@@ -82,7 +82,9 @@ def index_page(helps):
             "its own parser prints (generated when the site is built, so it follows the code).\n"
             "fairseq's own commands (`fairseq-train`, `fairseq-generate`, `fairseq-interactive`,\n"
             "`fairseq-hydra-train`) take the plugin with `--user-dir $(convs2s-user-dir)`; their\n"
-            "reference is fairseq's.\n\n"
+            "reference is fairseq's, and with the plugin loaded their `--help` lists the options of the\n"
+            "chosen task, architecture and criterion too (`fairseq-train --user-dir $(convs2s-user-dir)\n"
+            "--task convs2s_translation --arch convs2s --criterion convs2s_cross_entropy --help`).\n\n"
             "| command | what it does |\n|---|---|\n" + rows + "\n")
 
 
