@@ -233,12 +233,12 @@ def test_a_test_run_that_cannot_fetch_the_corpora_stops_at_once_with_one_line(tm
 
 
 def test_the_data_folder_rule(served, tmp_path, monkeypatch):
-    """CONVS2S_DATA; else shared/data beside the checkout only where it exists; else the user's
-    cache folder, which a clone with nothing beside it fills. `convs2s-data --where` prints the
-    folder in use."""
+    """CONVS2S_DATA; else shared/data beside the current folder (a checkout's root) only where
+    it exists; else the user's cache folder, which a clone with nothing beside it fills.
+    `convs2s-data --where` prints the folder in use."""
     checkout = tmp_path / "parent" / "convs2s"
     checkout.mkdir(parents=True)
-    monkeypatch.setattr(corpora, "REPO", str(checkout))
+    monkeypatch.chdir(checkout)
     monkeypatch.delenv("CONVS2S_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert corpora.data_root() == str(tmp_path / "xdg" / "convs2s")
@@ -256,7 +256,8 @@ def test_the_data_folder_rule(served, tmp_path, monkeypatch):
     where = subprocess.run([BIN / "convs2s-data", "--where"], text=True, capture_output=True, check=True)
     assert where.stdout == f"{tmp_path / 'mine'}\n"
     env = {k: v for k, v in os.environ.items() if k != "CONVS2S_DATA"}
-    where = subprocess.run([BIN / "convs2s-data", "--where"], env=env, text=True, capture_output=True, check=True)
+    where = subprocess.run([BIN / "convs2s-data", "--where"], env=env, cwd=ROOT, text=True, capture_output=True,
+                           check=True)
     shared = ROOT.parent / "shared" / "data"
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     assert where.stdout == f"{shared if shared.is_dir() else os.path.join(cache, 'convs2s')}\n"
