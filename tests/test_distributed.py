@@ -127,7 +127,7 @@ def test_the_ranks_trained_on_different_batches(two_workers):
 def test_each_update_combined_both_ranks_batches(two_workers):
     """fairseq's per-update statistics (rank 0's log) sum the sentences of both ranks' batches."""
     states, logs, _ = two_workers
-    logged = {int(n): int(bsz) for bsz, n in re.findall(r"train_inner:.* bsz=(\d+), num_updates=(\d+)", logs[0])}
+    logged = {int(n): int(bsz) for bsz, n in re.findall(r"train_inner\b.* bsz=(\d+), num_updates=(\d+)", logs[0])}
     sizes = [[sentences for sentences, _ in s["batches"]] for s in states]
     assert logged == {i + 1: a + b for i, (a, b) in enumerate(zip(*sizes))}
 
