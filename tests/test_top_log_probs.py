@@ -40,6 +40,26 @@ def test_the_kernel_is_built_on_this_cpu():
 
 
 @needs_kernel
+def test_another_install_of_the_same_source_uses_the_built_kernel(tmp_path):
+    """A second install (a wheel, another checkout) has the kernel's source at another path:
+    it loads the kernel the first built, instead of rebuilding it (40 s) for both in turn."""
+    top_log_probs.load()  # built for this install
+    build = top_log_probs.build_directory(CAPABILITY)
+    library = max(build.glob("*.so"), key=lambda path: path.stat().st_mtime)
+    built = library.stat().st_mtime_ns
+    other = tmp_path / "site-packages" / "top_log_probs.cpp"
+    other.parent.mkdir()
+    shutil.copy(top_log_probs.SOURCE, other)
+    out = in_python("import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+                    "from pathlib import Path\n"
+                    "from fairseq_convs2s_ext.generation import top_log_probs\n"
+                    f"top_log_probs.SOURCE = Path({str(other)!r})\n"
+                    "assert top_log_probs.load() is not None")
+    assert "compiling" not in out, out
+    assert library.stat().st_mtime_ns == built
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows, width, k", [
     (1, 5, 1),  # narrower than a vector

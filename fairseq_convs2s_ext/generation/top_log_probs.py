@@ -100,17 +100,33 @@ def _build():
     with open(build / "convs2s.lock", "w") as held, _ninja_on_path():
         fcntl.flock(held, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
+        source = _source_in(build)
         built = [library.stat().st_mtime for library in build.glob("*.so")]
-        if not built or max(built) < SOURCE.stat().st_mtime:
+        if not built or max(built) < source.stat().st_mtime:
             logger.info("compiling the lean beam step's top_log_probs kernel for %s, once (about 40 s)", capability)
         kernel = cpp_extension.load(
-            build.name, [str(SOURCE)], build_directory=str(build),
+            build.name, [str(source)], build_directory=str(build),
             extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"] + CAPABILITY_FLAGS[capability],
         )
     mismatch = _mismatch(kernel)
     if mismatch:
         raise RuntimeError(f"its values differ from torch.log_softmax's on {mismatch}")
     return kernel
+
+
+def _source_in(build: Path) -> Path:
+    """The kernel's source, copied into ``build`` where it is not there already with the same
+    text. ninja rebuilds when a source's path changes, so compiling the package's own file
+    would make every install of the plugin (a checkout, a wheel, a second checkout) rebuild
+    the kernel the others built; the copy's path is the same for all of them, and changes
+    (and so is rebuilt) only with its text."""
+    source = build / SOURCE.name
+    text = SOURCE.read_bytes()
+    if not source.is_file() or source.read_bytes() != text:
+        temp = source.with_suffix(".tmp")
+        temp.write_bytes(text)
+        os.replace(temp, source)
+    return source
 
 
 @contextlib.contextmanager
