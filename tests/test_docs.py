@@ -31,6 +31,7 @@ import gen_cli_reference  # noqa: E402  (docs/ is not a package)
 SHRINK = {
     "convs2s-prepare": ["--bpe-merges", "200"],
     "fairseq-train": ["--arch", "convs2s_tiny", "--max-update", "2", "--no-progress-bar"],
+    "fairseq-generate": ["--max-len-b", "10"],  # a model of two updates rarely ends a sentence
 }
 QUICKSTART = re.compile(r"<!-- --8<-- \[start:quickstart\] -->(.*?)<!-- --8<-- \[end:quickstart\] -->", re.S)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

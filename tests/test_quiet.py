@@ -44,7 +44,8 @@ def test_fairseq_train_starts_quietly(checkpoints):
 def test_fairseq_generate_logs_in_fairseq_format_without_debug_lines(checkpoints, small_bin):
     save_dir, _ = checkpoints
     stderr = stderr_of(BIN / "fairseq-generate", small_bin, "--user-dir", USER_DIR, "--task", "convs2s_translation",
-                       "--path", save_dir / "checkpoint_best.pt", "--gen-subset", "test", cwd=save_dir)
+                       "--path", save_dir / "checkpoint_best.pt", "--gen-subset", "test",
+                       "--max-len-b", "5", cwd=save_dir)  # an untrained model would write 200 words
     assert_quiet(stderr)
     assert "| INFO | fairseq_cli.generate | Translated 10 sentences" in stderr
 
