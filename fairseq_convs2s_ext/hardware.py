@@ -3,8 +3,8 @@
 Where two implementations compute the same numbers, the faster one depends on the device
 (and the dtype): a CPU pays for every pass over memory, a GPU for every kernel launch. Each
 choice below is what was measured faster on that kind of device, with the benchmark section
-that measured it (bench/README.md); a device kind not listed gets the CPU's choice, and every
-choice can be overridden by an option. ``make gpu-check`` measures the GPU's choices again.
+that measured it (bench/README.md as of 86165d7~, which git keeps); a device kind not listed
+gets the CPU's choice, and every choice can be overridden by an option. ``make gpu-check`` measures the GPU's choices again.
 """
 import json
 import logging

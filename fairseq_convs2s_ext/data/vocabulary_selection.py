@@ -9,7 +9,7 @@ Gehring et al. (2017), section 5 setup, after fairseq-lua (``-aligndictpath -nmo
   target side has them aligned (the candidates file's counts). fairseq-lua took them in
   dictionary order: nearly the same for a dictionary of the target language alone, not for
   one shared by both languages (``--joined-dictionary``, BPE), which is ordered by both
-  sides' counts (bench/README.md, the run of b835259);
+  sides' counts (bench/README.md as of 86165d7~, the run of b835259);
 - for each distinct source word of the batch, its ``top_aligned`` target words most often
   aligned to it in the training data (``convs2s-align-dict --candidates``);
 - in training (and validation) only, every gold target word of the batch, so that no target
@@ -19,7 +19,7 @@ Training takes the candidates of the whole batch, as fairseq-lua did. Generation
 sentence's own (fairseq-lua's generate-lines translated a sentence at a time): a sentence has
 far fewer candidates than its batch, so the output layer does a fraction of the work (the
 words many sentences share are scored for every hypothesis, see
-:meth:`VocabularySelection.candidates_per_sentence`; bench/README.md, "How far the
+:meth:`VocabularySelection.candidates_per_sentence`; bench/README.md as of 86165d7~, "How far the
 arithmetic lets selection go"), and the words a translation can use do not depend on the
 other sentences of its batch (its scores only up to rounding).
 
@@ -37,7 +37,7 @@ over the words outside :attr:`VocabularySelection.always`), so that a hypothesis
 stay close to the full vocabulary's. fairseq-lua normalised over the candidates alone
 (``--vocab-rest-clusters 0``). That raises every score by the mass left out, most at the
 steps where the model is unsure, and so favours longer hypotheses through uncertain steps
-(bench/README.md measures the score deficit either way in the run of aa38a54).
+(bench/README.md as of 86165d7~ measures the score deficit either way in the run of aa38a54).
 
 The candidates file holds one line per source word, ``source target1 count1 target2 count2
 ...``, targets ranked by count. Words outside the model's dictionaries are skipped, as
@@ -56,7 +56,7 @@ NO_WORD = -1  # pads the rows of per-sentence candidates
 # A word that 1 in COMMON_SHARE of a batch's sentences have is scored for every hypothesis
 # (masked where its sentence lacks it): a matrix multiply's column for every hypothesis costs
 # a fraction of a column of the sentences' own rows, which are read from memory at every step
-# for a sentence's few hypotheses only (bench/README.md, the run of 4e76217).
+# for a sentence's few hypotheses only (bench/README.md as of 86165d7~, the run of 4e76217).
 COMMON_SHARE = 4
 MIN_COVERAGE = 0.5  # of a dictionary's words, for a candidates file built on its training text
 # Symbols that fairseq-preprocess adds to pad a dictionary's size (--padding-factor).

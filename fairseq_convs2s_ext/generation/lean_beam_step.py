@@ -4,7 +4,7 @@ fairseq's SequenceGenerator scores every word of the vocabulary at every step: t
 log-probabilities (hypotheses x V) get a NaN mask, the hypotheses' cumulative scores added,
 and a top-k over beam x V per sentence, which picks the 2 x beam best continuations. Over a
 vocabulary of ten thousand words that per-step work is a large share of beam-5 generation
-(bench/README.md, "Where generation time goes, and its ceiling").
+(bench/README.md as of 86165d7~, "Where generation time goes, and its ceiling").
 
 Only a word among the 2 x beam best of its own hypothesis can be among the 2 x beam best
 continuations of a sentence: a word with 2 x beam better words in its row has as many

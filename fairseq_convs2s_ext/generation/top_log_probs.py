@@ -7,7 +7,7 @@ row into (value, index) pairs before sorting. The kernel in ``top_log_probs.cpp`
 row once into cache, computes its maximum and the sum of exp(x - max) with the functions
 torch's own log_softmax calls, in the same order, and keeps the k largest logits as it
 reads them again from cache; only the nspecial + k log-probabilities a row needs are
-written, the same values, bit for bit, as torch's (bench/README.md, "What each lever
+written, the same values, bit for bit, as torch's (bench/README.md as of 86165d7~, "What each lever
 bought", times it against torch's two operations).
 
 It is compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler and ninja),

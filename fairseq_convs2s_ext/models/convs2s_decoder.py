@@ -139,7 +139,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         (logits, attention and the incremental state, as if every hypothesis had been
         computed): (b - 1)/b of the step's work. Each row's numbers are those the hypotheses
         would get each on its own: over fewer rows a matrix multiply gave a row the same bits
-        on the CPU measured (bench/README.md, "What each lever bought"), and the hypotheses
+        on the CPU measured (bench/README.md as of 86165d7~, "What each lever bought"), and the hypotheses
         stayed fconv's."""
         beam = encoder_out["beam"]
         if candidates is not None and candidates.dim() == 2:  # each sentence's rows, for its b hypotheses

@@ -94,7 +94,7 @@ class OutputProjection(nn.Linear):
         lean beam step is): the whole vocabulary's logits are written into one tensor kept in
         the incremental state, overwritten at every step, instead of a new hypotheses x V
         tensor each step, fresh memory from the system whose first touch costs time of its
-        own (bench/README.md, "What each lever bought"). The values are ``F.linear``'s (this
+        own (bench/README.md as of 86165d7~, "What each lever bought"). The values are ``F.linear``'s (this
         ``addmm``). Features in another dtype than the layer's (under autocast) go through
         ``F.linear``, which casts. (The dtype is read from b_o: W_o, when weight normalized,
         is recomputed at each read.)"""
@@ -118,7 +118,7 @@ class OutputProjection(nn.Linear):
             return logits
         by_sentence = features.reshape(sentences, -1, channels)
         # each sentence's rows times its few hypotheses (words x hypotheses), faster than the
-        # hypotheses times the rows' transpose (bench/README.md, "What each lever bought")
+        # hypotheses times the rows' transpose (bench/README.md as of 86165d7~, "What each lever bought")
         own = torch.baddbmm(rows.own_bias.unsqueeze(2), rows.own_weight, by_sentence.transpose(1, 2))
         parts = [by_sentence_logits[..., :words], own.transpose(1, 2), by_sentence_logits[..., words:]]
         return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
