@@ -54,6 +54,11 @@ class Case(NamedTuple):
     compare: Callable[[Path, Path], list]  # differences of a folder from the reference's
 
 
+# One thread in every run: the thread count a command chooses by itself follows the load on
+# the machine, and training's floating-point sums (compared bit for bit) follow the count.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def command(tool: str, *args) -> list:
     return [str(BIN / tool), *map(str, args)]
 
@@ -61,7 +66,7 @@ def command(tool: str, *args) -> list:
 def run(argv: list, cwd: Path, file_size_limit: Optional[int] = None) -> subprocess.CompletedProcess:
     """Run to the end, output and errors captured through pipes (which no file-size limit
     reaches)."""
-    return subprocess.run(argv, cwd=cwd, text=True, capture_output=True,
+    return subprocess.run(argv, cwd=cwd, env=ENV, text=True, capture_output=True,
                           preexec_fn=None if file_size_limit is None else _limit(file_size_limit))
 
 
@@ -116,7 +121,7 @@ def kill_and_resume(case: Case, reference: Path, duration: float, folder: Path, 
     problems = []
     for kill in range(kills):
         moment = moments.uniform(0, duration)
-        proc = subprocess.Popen(case.argv, cwd=folder, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(case.argv, cwd=folder, env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
             proc.wait(timeout=moment)
