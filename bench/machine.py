@@ -4,21 +4,18 @@ import time
 
 import torch
 
-from fairseq_convs2s_ext.hardware import cpu_has_native_bf16
+from fairseq_convs2s_ext.hardware import cpu_has_native_bf16, cpu_model
 
 
 def native_bf16(device="cpu"):
-    """Whether bf16 matrix multiplies run natively: on a GPU, or a CPU where the plugin's
-    ``--autocast-bf16`` runs (it refuses a CPU that emulates them)."""
+    """Whether bf16 matrix multiplies run natively: on a GPU, or a CPU with AVX512-BF16 or AMX
+    (native is not faster: ``--autocast-bf16`` decides from a timed probe, see hardware.py)."""
     return device == "cuda" or cpu_has_native_bf16()
 
 
 def cpu_description():
     """The CPU's model name, core count and torch's CPU capability (AVX2, AVX512, ...)."""
-    model = "unknown CPU"
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    model = cpu_model() or "unknown CPU"
     bf16 = "native bf16" if native_bf16() else "no native bf16"
     return f"{model}, {os.cpu_count()} cores, torch {torch.backends.cpu.get_cpu_capability()}, {bf16}"
 

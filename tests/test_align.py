@@ -22,6 +22,7 @@ from convs2s_preprocess import fastalign
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
 from convs2s_preprocess.tokenize import tokenize_file
+from faults import processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"
 # What the real fast_align binary wrote for Multi30k en-de (see its README): the input
@@ -408,28 +409,6 @@ def test_progress_of_the_aligner_is_relayed_as_log_lines(tmp_path):
 
 # A killed convs2s-align-dict leaves no aligner running and no work folder ---------------
 
-def _processes_mentioning(text: str) -> list:
-    """Ids of the live processes whose command line contains ``text`` (zombies have none)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    pids.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def _wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
-
-
 def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
     """Start convs2s-align-dict on all 29,000 reference pairs and return it, its output
     folder and the marker of its aligner's command lines, once that many aligner
@@ -445,7 +424,7 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
             stdout=subprocess.DEVNULL, stderr=log,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     marker = str(out_dir / WORK_PREFIX)  # in the aligner's arguments, not in the command's
-    assert _wait_until(lambda: len(_processes_mentioning(marker)) >= processes, 60), \
+    assert wait_until(lambda: len(processes_mentioning(marker)) >= processes, 60), \
         "the aligner did not start"
     time.sleep(1)
     assert proc.poll() is None, "the run ended before it could be interrupted"
@@ -453,10 +432,10 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
 
 
 def _kill_and_check_aligner_stops(proc, sig, marker: str) -> None:
-    aligners = _processes_mentioning(marker)
+    aligners = processes_mentioning(marker)
     os.kill(proc.pid, sig)
     proc.wait(timeout=30)
-    assert _wait_until(lambda: not _processes_mentioning(marker), 10), \
+    assert wait_until(lambda: not processes_mentioning(marker), 10), \
         f"aligner processes {aligners} still running after {sig.name} of convs2s-align-dict"
 
 
