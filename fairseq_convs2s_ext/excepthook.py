@@ -164,14 +164,19 @@ def describe(exc: BaseException, tb) -> Optional[str]:
     return None if path is None else why_unreadable(exc, path)
 
 
-def runs_fairseq_command() -> bool:
-    """Whether the program Python runs is one of fairseq's commands: its console script
-    (``sys.argv[0]`` named ``fairseq-generate``, ``fairseq-train``, ...) or ``python -m
-    fairseq_cli.generate``."""
+def fairseq_command() -> str:
+    """The fairseq_cli module the program Python runs (``train`` for its console script
+    ``fairseq-train`` or for ``python -m fairseq_cli.train``), or "" for any other program."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None:
-        return spec.name.startswith("fairseq_cli.")
-    return bool(sys.argv) and os.path.basename(sys.argv[0]).startswith("fairseq-")
+        return spec.name.split(".", 1)[1] if spec.name.startswith("fairseq_cli.") else ""
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return name[len("fairseq-"):].replace("-", "_") if name.startswith("fairseq-") else ""
+
+
+def runs_fairseq_command() -> bool:
+    """Whether the program Python runs is one of fairseq's commands."""
+    return bool(fairseq_command())
 
 
 def _not_the_overrides_of_a_reported_error(record: logging.LogRecord) -> bool:

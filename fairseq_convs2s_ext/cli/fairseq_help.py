@@ -15,8 +15,9 @@ the options exactly as the second parse would (the same registries and ``add_arg
 the help and exits, as argparse does for ``--help``.
 """
 import argparse
-import os
 import sys
+
+from ..excepthook import fairseq_command
 
 # fairseq command (fairseq_cli module) -> the fairseq.options function that builds its parser.
 PARSERS = {
@@ -26,16 +27,6 @@ PARSERS = {
     "validate": "get_validation_parser",
     "eval_lm": "get_eval_lm_parser",
 }
-
-
-def fairseq_command() -> str:
-    """The fairseq_cli module the program runs (``train`` for fairseq-train or ``python -m
-    fairseq_cli.train``), or ""."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name.startswith("fairseq_cli."):
-        return spec.name.split(".", 1)[1]
-    name = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return name[len("fairseq-"):].replace("-", "_") if name.startswith("fairseq-") else ""
 
 
 def asks_for_help(argv) -> bool:
