@@ -19,7 +19,9 @@ process:
   the same EM training, the same forward decision, one thread so that every run gives the
   same dictionary), decoded in ``--workers`` processes (by default the cores available;
   the dictionary does not depend on them). On Multi30k its dictionary is identical to the
-  binary's.
+  binary's. ``--train-sample N`` trains the model on N pairs spread over the corpus and
+  aligns every pair with it: training time and memory then stop growing with the corpus
+  (see :mod:`.fastalign` and the agreement it costs on the performance page).
 - ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
   never imported), a different aligner, whose dictionary changes from run to run.
 
@@ -99,13 +101,16 @@ class Aligner(NamedTuple):
         settings = () if self.name == "eflomal" else FAST_ALIGN_SETTINGS
         return {"aligner": self.name, "settings": " ".join(settings)}
 
-    def invocation(self, corpus_path: str, links_path: str, workers: int = 1) -> tuple:
+    def invocation(self, corpus_path: str, links_path: str, workers: int = 1,
+                   train_sample: int = 0) -> tuple:
         """(argv, file receiving stdout) to write the forward links of ``corpus_path``;
-        systran-align decodes in ``workers`` processes (its links do not depend on them)."""
+        systran-align decodes in ``workers`` processes (its links do not depend on them)
+        and trains on ``train_sample`` pairs when it is not 0."""
         if self.name == "eflomal":
             return [*self.command, "-i", corpus_path, "-f", links_path], os.devnull
-        parallel = ["--workers", str(workers)] if self.name == "systran-align" else []
-        return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS, *parallel], links_path
+        own = ["--workers", str(workers), "--sample", str(train_sample)] \
+            if self.name == "systran-align" else []
+        return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS, *own], links_path
 
 
 def default_search_path() -> str:
@@ -169,12 +174,12 @@ def aligner_environment(workdir: str) -> dict:
 
 
 def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str,
-                workers: int = 1) -> None:
+                workers: int = 1, train_sample: int = 0) -> None:
     """Forward-align ``corpus_path``, writing Pharaoh ``i-j`` links to ``links_path``.
 
     The aligner runs in ``workdir`` as a child process that does not outlive this one.
     """
-    cmd, stdout = aligner.invocation(corpus_path, links_path, workers)
+    cmd, stdout = aligner.invocation(corpus_path, links_path, workers, train_sample)
     log_path = os.path.join(workdir, "aligner.log")
     with open(stdout, "w") as out, open(log_path, "w") as log, \
             watching(log_path, relay_log_lines(logger)):
@@ -242,10 +247,12 @@ def candidate_lines(counts: dict) -> Iterator[str]:
 
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
-                     candidates_path: Optional[str] = None, workers: Optional[int] = None) -> bool:
+                     candidates_path: Optional[str] = None, workers: Optional[int] = None,
+                     train_sample: int = 0) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
     current; True if they were built. ``workers``: the aligner's processes, by default the
     cores available (systran-align decodes in them; the dictionary is the same for any number).
+    ``train_sample``: systran-align trains on this many pairs (0: on every pair).
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -263,15 +270,20 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r)",
                         kept, aligner.name, shlex.join(aligner.command),
                         count_lines(src_path) - kept, SEPARATOR)
-            run_aligner(aligner, corpus, links, tmp, workers or available_cores())
+            run_aligner(aligner, corpus, links, tmp, workers or available_cores(), train_sample)
             counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
         if temp_candidates is not None:
             write_lines(temp_candidates, candidate_lines(counts))
 
+    if train_sample and aligner.name != "systran-align":
+        raise PreprocessError(f"--train-sample is systran-align's: {aligner.name} trains on every "
+                              f"pair (use --aligner systran-align, or --train-sample 0)")
     remove_stale_work_folders(os.path.dirname(os.path.abspath(out_path)))
     outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
-    return run_step("alignment dictionary", [src_path, tgt_path], outputs, build, aligner.options())
+    sampled = {"train_sample": train_sample} if train_sample else {}
+    return run_step("alignment dictionary", [src_path, tgt_path], outputs, build,
+                    {**aligner.options(), **sampled})
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -292,9 +304,16 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int,
                         help="processes that decode fast_align's model (systran-align; its "
                              "training is on one thread) (default: the cores this process may use)")
+    parser.add_argument("--train-sample", type=int, default=0, metavar="N",
+                        help="systran-align: train fast_align's model on N pairs spread evenly "
+                             "over the corpus, then align every pair with it; training time and "
+                             "memory then stop growing with the corpus (default 0: train on "
+                             "every pair)")
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
+    if args.train_sample < 0:
+        parser.error(f"--train-sample {args.train_sample}: give a number of pairs, or 0 for all")
     return args
 
 
@@ -307,7 +326,7 @@ def main(argv: Optional[list] = None) -> None:
         with full_disk_reported(args.output), output_lock(folder):
             build_align_dict(args.src, args.tgt, args.output,
                              find_aligner(args.aligner, args.fast_align), args.candidates,
-                             args.workers)
+                             args.workers, args.train_sample)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:

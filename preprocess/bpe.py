@@ -20,7 +20,7 @@ from subword_nmt.learn_bpe import learn_bpe
 
 from .parallel import batched, map_batches, map_file
 from .progress import CountingWriter, Progress
-from .textio import count_lines, map_lines, read_lines
+from .textio import count_lines, map_lines, read_lines, spread_evenly
 
 DEFAULT_MERGES = 40000
 SEPARATOR = "@@"
@@ -40,13 +40,17 @@ def _count_words(lines: list) -> tuple:
     return len(lines), counts
 
 
-def count_words(paths: Sequence[str], workers: int = 1) -> Counter:
+def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Counter:
     """Word counts of the concatenation of ``paths`` in ``workers`` processes, each word
     first where it first occurs, as subword-nmt counts: its codes depend on that order
-    (words of equal counts keep it when sorted)."""
+    (words of equal counts keep it when sorted). ``sample``: count only this many lines of
+    each file, spread evenly (the same pairs of parallel files); 0: every line."""
+    totals = [count_lines(path) for path in paths]
+    kept = [min(sample, total) if sample else total for total in totals]
+    progress = Progress("count words for BPE", sum(kept), unit="lines")
+    lines = itertools.chain.from_iterable(
+        spread_evenly(read_lines(path), size, total) for path, size, total in zip(paths, kept, totals))
     counts = Counter()
-    progress = Progress("count words for BPE", sum(map(count_lines, paths)), unit="lines")
-    lines = itertools.chain.from_iterable(map(read_lines, paths))
     for batch, batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
         counts.update(batch_counts)
         progress.update(batch)
@@ -55,18 +59,23 @@ def count_words(paths: Sequence[str], workers: int = 1) -> Counter:
 
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
-                    merges: int = DEFAULT_MERGES, workers: int = 1) -> None:
+                    merges: int = DEFAULT_MERGES, workers: int = 1, sample: int = 0) -> None:
     """Learn ``merges`` BPE operations on the concatenation of ``train_paths``.
 
     The words are counted in ``workers`` processes and handed to subword-nmt as its
     word-frequency dictionary; the merges themselves are learned on one core, as subword-nmt
-    learns them, and the codes are the same as from the text itself. subword-nmt draws a
-    tqdm bar on stderr, whose carriage returns make one unreadable line of a log file: it
-    is drawn on a terminal only, and the merges written are logged as progress instead.
+    learns them, and the codes are the same as from the text itself. ``sample``: learn from
+    this many lines of each file, spread evenly (0: all). The merge loop's time grows with
+    the number of distinct words, which a sample bounds; what it changes in the segmented
+    text is measured by ``python -m bench.sampling`` (the performance page). subword-nmt
+    draws a tqdm bar on stderr, whose carriage returns make one unreadable line of a log
+    file: it is drawn on a terminal only, and the merges written are logged as progress instead.
     """
-    counts = count_words(train_paths, workers)
+    counts = count_words(train_paths, workers, sample)
     if any(word[0] == "\r" for word in counts):  # a dictionary line cannot start with it
-        vocabulary, is_dict = itertools.chain.from_iterable(map(read_lines, train_paths)), False
+        vocabulary, is_dict = itertools.chain.from_iterable(
+            spread_evenly(read_lines(path), sample or count_lines(path), count_lines(path))
+            for path in train_paths), False
     else:
         vocabulary, is_dict = (f"{word} {count}" for word, count in counts.items()), True
     progress = Progress("learn BPE", merges, unit="merges")

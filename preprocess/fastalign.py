@@ -44,6 +44,15 @@ other, so it runs in a child process that is stopped once its log shows the forw
 written (:func:`train`; the backward half was about 40% of the time). Decoding is per
 pair, so ``--workers N`` decodes batches of pairs in N processes forked after the table is
 read, which share it.
+
+``--sample N`` trains on N pairs spread evenly over the corpus (every k-th, no randomness)
+and decodes every pair with that model, as ``fast_align -f TABLE`` aligns text it was not
+trained on: a word pair the table lacks gets fast_align's probability of a missing entry,
+1e-9 (its ``ttables.h``), instead of 0. The table, the training's time and its memory then
+grow with N, not with the corpus; decoding still reads every pair, on every worker. A word
+absent from the sample is seldom linked, so the dictionary loses rare words first: how
+many, against the full training, is measured by ``python -m bench.sampling`` (the
+performance page), which chose ``convs2s-align-dict``'s default.
 """
 import argparse
 import functools
@@ -64,7 +73,7 @@ import numpy as np
 from .parallel import batched, map_batches
 from .processes import die_with_parent
 from .progress import Progress
-from .textio import count_lines
+from .textio import count_lines, spread_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +93,9 @@ DOT_PAIRS = 1000
 CHECK_SECONDS = 0.1  # between two looks at the training's log
 # Pairs handed to a decoding worker at a time.
 DECODE_BATCH_LINES = 2000
+# fast_align's t(f|e) for a pair its table lacks (ttables.h), used when the model was
+# trained on a sample: the pairs that never met in the sample.
+UNSEEN_PROBABILITY = 1e-9
 
 
 class Settings(NamedTuple):
@@ -99,14 +111,15 @@ class TranslationTable(NamedTuple):
     keys: np.ndarray  # e * 2**32 + f, ascending
     probs: np.ndarray
 
-    def lookup(self, source: list, target: list) -> np.ndarray:
-        """len(source) x len(target) matrix of t(f_j | e_i)."""
-        e = np.array([self.ids[w] for w in source], dtype=np.int64)
-        f = np.array([self.ids[w] for w in target], dtype=np.int64)
+    def lookup(self, source: list, target: list, missing: float = 0.0) -> np.ndarray:
+        """len(source) x len(target) matrix of t(f_j | e_i); ``missing`` for a pair the table
+        lacks: 0 for the corpus it was trained on (the export leaves out the pairs whose
+        probability underflowed to 0), :data:`UNSEEN_PROBABILITY` for other text."""
+        e = np.array([self.ids.get(w, 0) for w in source], dtype=np.int64)  # ids start at 1
+        f = np.array([self.ids.get(w, 0) for w in target], dtype=np.int64)
         keys = (e[:, None] << 32) | f[None, :]
         at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        # the export leaves out the pairs whose probability underflowed to 0
-        return np.where(self.keys[at] == keys, self.probs[at], 0.0)
+        return np.where(self.keys[at] == keys, self.probs[at], missing)
 
 
 def trained_pairs(log: str) -> int:
@@ -229,10 +242,11 @@ def alignment_prior(n: int, m: int, tension: float, favor_diagonal: bool) -> tup
 
 
 def forward_links(source: list, target: list, table: TranslationTable, tension: float,
-                  settings: Settings) -> str:
-    """fast_align's forward alignment of one pair (see the module docstring)."""
+                  settings: Settings, missing: float = 0.0) -> str:
+    """fast_align's forward alignment of one pair (see the module docstring); ``missing``:
+    see :meth:`TranslationTable.lookup`."""
     n, m = len(source), len(target)
-    t = table.lookup([NULL, *source], target)
+    t = table.lookup([NULL, *source], target, missing)
     prior, null_prior = alignment_prior(n, m, tension, settings.favor_diagonal)
     t_null, t = t[0], t[1:]
     scores = t * prior
@@ -261,7 +275,7 @@ def _decode(batch: tuple) -> list:
         if not source or not target:
             raise ValueError(f"{_decoder['corpus']}, line {number}: a side is empty")
         links.append(forward_links(source, target, _decoder["table"], _decoder["tension"],
-                                   _decoder["settings"]))
+                                   _decoder["settings"], _decoder["missing"]))
     return links
 
 
@@ -272,16 +286,26 @@ def numbered_batches(path: str, size: int = DECODE_BATCH_LINES) -> Iterator[tupl
             yield 1 + index * size, batch
 
 
-def align(corpus: str, settings: Settings, out, workers: int = 1) -> None:
+def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 0) -> None:
     """Write the forward links of every line of ``corpus`` to ``out``; the lines are decoded
     in ``workers`` processes (the training is on one thread whatever ``workers`` is, so the
-    links are the same for any number)."""
+    links are the same for any number). ``sample``: train on this many pairs (see the
+    module docstring); 0, or a number no smaller than the corpus, trains on every pair."""
+    total = count_lines(corpus)
     with tempfile.TemporaryDirectory(prefix="fastalign-") as workdir:
-        table_path, tension = train(corpus, workdir, settings)
+        training, missing = corpus, 0.0
+        if 0 < sample < total:
+            logger.info("training fast_align's model on %d of the %d pairs, spread evenly "
+                        "(--sample); aligning every pair with it", sample, total)
+            training, missing = os.path.join(workdir, "sample"), UNSEEN_PROBABILITY
+            with open(corpus, "rb") as lines, open(training, "wb") as kept:
+                kept.writelines(spread_evenly(lines, sample, total))
+        table_path, tension = train(training, workdir, settings)
         table = read_table(table_path)
-    _decoder.update(corpus=corpus, table=table, tension=tension, settings=settings)
+    _decoder.update(corpus=corpus, table=table, tension=tension, settings=settings,
+                    missing=missing)
     gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
-    progress = Progress("align", count_lines(corpus), unit="pairs", log=logger)
+    progress = Progress("align", total, unit="pairs", log=logger)
     try:
         for links in map_batches(_decode, numbered_batches(corpus), workers):
             out.write("".join(line + "\n" for line in links))
@@ -305,10 +329,13 @@ def main(argv=None) -> None:
                         help="Dirichlet prior on the translation tables")
     parser.add_argument("--workers", type=int, default=1,
                         help="processes that decode (the training is on one thread)")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="train on N pairs spread evenly over the corpus, then align "
+                             "every pair (default 0: train on every pair)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     settings = Settings(args.favor_diagonal, args.optimize_tension, args.variational_bayes)
-    align(args.input, settings, sys.stdout, args.workers)
+    align(args.input, settings, sys.stdout, args.workers, args.sample)
 
 
 if __name__ == "__main__":

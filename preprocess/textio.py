@@ -42,6 +42,15 @@ def write_lines(path: str, lines: Iterable[str]) -> int:
     return count
 
 
+def spread_evenly(items: Iterable, size: int, total: int) -> Iterator:
+    """``size`` of the ``total`` items, spread evenly: item i (from 0) is kept where
+    ``i * size // total`` steps up. The same lines of both sides of a corpus, and every part
+    of a corpus made of several sources one after the other; all items if size >= total."""
+    for i, item in enumerate(items):
+        if size >= total or (i + 1) * size // total > i * size // total:
+            yield item
+
+
 def count_lines(path: str) -> int:
     """Number of lines, counting a last line without a newline, as :func:`read_lines` does."""
     with open(path, "rb") as f:

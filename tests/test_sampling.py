@@ -1,0 +1,110 @@
+"""Learning BPE and training fast_align's model on a sample of the corpus (issue 35).
+
+What a sample costs the codes and the dictionary is measured by ``bench/sampling.py``; these
+tests check that the sample is the one documented and that it is used as documented.
+"""
+import logging
+import sys
+from itertools import islice
+
+import numpy as np
+import pytest
+from subword_nmt.learn_bpe import learn_bpe
+
+from conftest import DATA
+from convs2s_preprocess import fastalign
+from convs2s_preprocess.align import Aligner, build_align_dict
+from convs2s_preprocess.bpe import learn_joint_bpe
+from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.textio import spread_evenly
+from test_align import REFERENCE, needs_reference, needs_systran_align, write
+
+MULTI30K = DATA / "multi30k"
+needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en").is_file(),
+                                    reason=f"Multi30k not found in {DATA}")
+
+
+@pytest.mark.parametrize("size,total", [(1, 7), (3, 7), (6, 7), (1000, 3000), (999, 1000),
+                                        (7, 7), (9, 7), (0, 7)])
+def test_spread_evenly_keeps_size_items_from_every_part(size, total):
+    kept = list(spread_evenly(range(total), size, total))
+    assert len(kept) == min(size, total)
+    if 0 < size < total:
+        step = total / size
+        # the k-th kept item lies in the k-th of size equal parts of the items
+        assert all(k * step <= i < (k + 1) * step for k, i in enumerate(kept))
+
+
+def _lines(path, n):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in islice(f, n)]
+
+
+@needs_multi30k
+def test_bpe_learned_on_a_sample_is_subword_nmt_on_those_lines(tmp_path):
+    """--bpe-sample 1000 of 3000 pairs: the codes subword-nmt learns from those pairs' text
+    (lines 3, 6, 9, ... of each side), which differ from the codes of all 3000."""
+    sides = {lang: _lines(MULTI30K / f"train.{lang}", 3000) for lang in ("en", "de")}
+    paths = [write(tmp_path / f"train.{lang}", lines) for lang, lines in sides.items()]
+    learn_joint_bpe(paths, str(tmp_path / "sampled"), 300, workers=2, sample=1000)
+    learn_joint_bpe(paths, str(tmp_path / "all"), 300, workers=2)
+    with open(tmp_path / "expected", "w", encoding="utf-8") as codes:
+        learn_bpe([line + "\n" for lines in sides.values() for line in lines[2::3]], codes, 300)
+    sampled = (tmp_path / "sampled").read_text(encoding="utf-8")
+    assert sampled == (tmp_path / "expected").read_text(encoding="utf-8")
+    assert sampled != (tmp_path / "all").read_text(encoding="utf-8")
+    learn_joint_bpe(paths, str(tmp_path / "oversized"), 300, sample=5000)
+    assert (tmp_path / "oversized").read_text(encoding="utf-8") == (tmp_path / "all").read_text(encoding="utf-8")
+
+
+def test_a_pair_the_sampled_table_lacks_gets_fast_aligns_missing_probability():
+    """fast_align gives a word pair its table lacks t = 1e-9 (ttables.h): aligning text the
+    model was not trained on, a lone unseen word still links to the diagonal, where 0 would
+    leave it unlinked."""
+    table = fastalign.TranslationTable(ids={fastalign.NULL: 1, "a": 2, "b": 3},
+                                       keys=np.array([(2 << 32) | 3], dtype=np.int64),
+                                       probs=np.array([0.5], dtype=np.float32))
+    settings = fastalign.Settings(True, True, True)
+    assert table.lookup(["a", "zzz"], ["b", "yyy"]).tolist() == [[0.5, 0.0], [0.0, 0.0]]
+    unseen = fastalign.UNSEEN_PROBABILITY
+    assert table.lookup(["a"], ["yyy"], unseen).tolist() == [[pytest.approx(unseen)]]
+    assert fastalign.forward_links(["zzz"], ["yyy"], table, 4.0, settings, unseen) == "0-0"
+    assert fastalign.forward_links(["zzz"], ["yyy"], table, 4.0, settings) == ""
+
+
+def _reference_pairs(tmp_path, n):
+    with open(REFERENCE / "corpus.en-de", encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split(" ||| ") for line in islice(f, n)]
+    return (write(tmp_path / "src", [src for src, _ in pairs]),
+            write(tmp_path / "tgt", [tgt for _, tgt in pairs]))
+
+
+@needs_reference
+@needs_systran_align
+def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_changes(tmp_path, caplog):
+    src, tgt = _reference_pairs(tmp_path, 1500)
+    aligner = Aligner("systran-align", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
+    out = str(tmp_path / "align.dict")
+    caplog.set_level(logging.INFO)
+    assert build_align_dict(src, tgt, out, aligner, workers=2, train_sample=500)
+    assert "training fast_align's model on 500 of the 1500 pairs" in caplog.text
+    sampled = dict(line.split() for line in open(out, encoding="utf-8"))
+    # every pair was aligned: words of pairs outside the sample are in the dictionary too
+    outside = {word for i, line in enumerate(open(src, encoding="utf-8"))
+               if (i + 1) % 3 for word in line.split()}
+    outside -= {word for i, line in enumerate(open(src, encoding="utf-8"))
+                if not (i + 1) % 3 for word in line.split()}
+    assert len(outside & sampled.keys()) > 0.5 * len(outside)
+    assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=500)
+    caplog.clear()
+    assert build_align_dict(src, tgt, out, aligner, workers=1, train_sample=0)
+    assert "options changed: train_sample: 500 -> None" in caplog.text
+    full = dict(line.split() for line in open(out, encoding="utf-8"))
+    assert full != sampled and len(full) > len(sampled)  # rare words are lost first
+
+
+def test_train_sample_is_refused_for_aligners_that_train_on_everything(tmp_path):
+    src, tgt = write(tmp_path / "src", ["a b"]), write(tmp_path / "tgt", ["c d"])
+    with pytest.raises(PreprocessError, match="--train-sample is systran-align's: eflomal"):
+        build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("eflomal", ("eflomal-align",)),
+                         train_sample=10)
