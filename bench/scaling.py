@@ -5,7 +5,8 @@
 For each corpus size it runs every stage of ``convs2s-prepare`` and ``convs2s-align-dict``
 (tokenize, clean, learn BPE, apply BPE, binarize, alignment dictionary) and the pipeline of
 fairseq's ``prepare-wmt14en2fr.sh`` (Moses perl scripts where ``--moses DIR`` gives a
-mosesdecoder checkout, else sacremoses' command line with the same rules; subword-nmt's
+mosesdecoder checkout or PyPI's ``mosestokenizer`` package, else sacremoses' command line
+with the same rules; subword-nmt's
 ``learn-bpe`` and ``apply-bpe``; ``fairseq-preprocess --workers N``; the ``fast_align``
 binary where it is on PATH), each stage as a process of its own, and records its wall
 time, its CPU time (with its worker processes') and the peak memory of its process tree
@@ -203,6 +204,21 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool) -> dict:
     return {stage: measure([(argv, None, None)]) for stage, argv in stages.items()}
 
 
+def moses_scripts(folder: Path) -> tuple:
+    """(normalize-punctuation, tokenizer, clean-corpus-n or None) of a mosesdecoder checkout
+    or of the ``mosestokenizer`` package from PyPI (Moses' tokenizer.perl v1.1 and its
+    punctuation normalizer, no cleaning script)."""
+    checkout = folder / "scripts"
+    if (checkout / "tokenizer" / "tokenizer.perl").is_file():
+        return (checkout / "tokenizer" / "normalize-punctuation.perl",
+                checkout / "tokenizer" / "tokenizer.perl",
+                checkout / "training" / "clean-corpus-n.perl")
+    if (folder / "tokenizer-v1.1.perl").is_file():
+        return folder / "normalize-punctuation.perl", folder / "tokenizer-v1.1.perl", None
+    raise SystemExit(f"--moses {folder}: neither a mosesdecoder checkout (scripts/tokenizer/"
+                     "tokenizer.perl) nor the mosestokenizer package (tokenizer-v1.1.perl)")
+
+
 def reference(raw: Path, work: Path, workers: int, merges: int, align: bool, moses: str) -> dict:
     """fairseq's prepare-wmt14en2fr.sh: Moses (or sacremoses' command line), subword-nmt,
     fairseq-preprocess; fast_align if installed."""
@@ -211,14 +227,18 @@ def reference(raw: Path, work: Path, workers: int, merges: int, align: bool, mos
     sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
     results = {}
     if moses:
-        scripts = Path(moses) / "scripts"
+        normalize, tokenize, clean_script = moses_scripts(Path(moses))
         results["tokenize"] = measure([
-            (["sh", "-c", f"perl {scripts}/tokenizer/normalize-punctuation.perl -l {lang} < {shlex.quote(i)} | "
-                          f"perl {scripts}/tokenizer/tokenizer.perl -threads {workers} -a -no-escape -l {lang} "
+            (["sh", "-c", f"perl {normalize} -l {lang} < {shlex.quote(i)} | "
+                          f"perl {tokenize} -q -threads {workers} -a -no-escape -l {lang} "
                           f"> {shlex.quote(o)}"], None, None)
             for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT))])
-        results["clean"] = measure([(["perl", f"{scripts}/training/clean-corpus-n.perl", "-ratio", "1.5",
+    if moses and clean_script:
+        results["clean"] = measure([(["perl", str(clean_script), "-ratio", "1.5",
                                       str(tok), SRC, TGT, str(clean), "1", "175"], None, None)])
+    elif moses:
+        for i, o in zip(sides(tok), sides(clean)):  # no cleaning script: the text as it is
+            shutil.copyfile(i, o)
     else:
         results["tokenize"] = measure([
             ([str(bindir / "sacremoses"), "-l", lang, "-j", str(workers), "-q", "normalize", "tokenize", "-a"],
@@ -366,8 +386,11 @@ def main(argv=None) -> None:
                         help="processes per stage, both pipelines (default: the cores available)")
     parser.add_argument("--merges", type=int, default=40000, help="BPE merges (default 40000)")
     parser.add_argument("--no-align", action="store_true", help="leave the alignment dictionary out")
-    parser.add_argument("--moses", metavar="DIR", help="a mosesdecoder checkout: its perl scripts "
-                                                       "tokenize and clean the reference")
+    parser.add_argument("--moses", metavar="DIR",
+                        help="Moses' perl scripts tokenize (and clean) the reference: a mosesdecoder "
+                             "checkout, or the folder of PyPI's mosestokenizer package (`pip "
+                             "download --no-deps mosestokenizer==1.2.1`, unpacked: "
+                             "src/mosestokenizer)")
     parser.add_argument("--workdir", help="where the corpora and outputs go (default: a temporary "
                                           "folder, removed at the end)")
     parser.add_argument("--json", metavar="FILE", help="write the measurements and extrapolation")
