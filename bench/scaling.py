@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,6 +51,7 @@ import threading
 import time
 from pathlib import Path
 
+from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.parallel import available_cores
 from convs2s_recipes.corpora import data_root
 
@@ -60,7 +62,7 @@ SOURCES = [("multi30k", "train"), ("multi30k", "val"), ("multi30k", "test_2016_f
 STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize", "align dict"]
 # The serial fraction of each stage where a run on one worker cannot tell it.
 SERIAL = {"tokenize": 0.0, "clean": 1.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
-          "align dict": 0.8}
+          "align dict": 0.8, "align dict less training": 0.2}
 TARGETS = [(4_500_000, 2), (4_500_000, 32), (36_000_000, 2), (36_000_000, 32)]
 SAMPLE_SECONDS = 0.2
 # A corpus so small that its stages' times are their fixed costs.
@@ -141,10 +143,17 @@ def tree_memory_kib(root: int) -> int:
     return total
 
 
+def _seconds(duration: str) -> int:
+    hours, minutes, seconds = map(int, duration.split(":"))
+    return hours * 3600 + minutes * 60 + seconds
+
+
 def measure(commands: list) -> dict:
-    """Run shell-free commands one after another: {wall_s, cpu_s, peak_mib}. A command is
-    (argv, stdin path or None, stdout path or None)."""
+    """Run shell-free commands one after another: {wall_s, cpu_s, peak_mib}, and
+    ``train_s`` where a command logs the end of fast_align's training (one thread, so its
+    wall time is its CPU time). A command is (argv, stdin path or None, stdout path or None)."""
     wall = cpu = peak = 0.0
+    train = None
     for argv, stdin, stdout in commands:
         with open(stdin or os.devnull, "rb") as inp, open(stdout or os.devnull, "wb") as out, \
                 tempfile.TemporaryFile() as err:
@@ -161,14 +170,18 @@ def measure(commands: list) -> dict:
             done.set()
             sampler.join()
             proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            log = err.read().decode(errors="replace")
             if proc.returncode != 0:
-                err.seek(0)
-                tail = err.read().decode(errors="replace")[-3000:]
-                raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{tail}")
+                raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{log[-3000:]}")
             wall += time.monotonic() - start
             cpu += usage.ru_utime + usage.ru_stime
             peak = max(peak, peaks[0] / 1024, usage.ru_maxrss / 1024)
-    return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak}
+            trained = re.search(r"train fast_align's model: .* in (\d+:\d\d:\d\d)", log)
+            if trained:
+                train = (train or 0) + _seconds(trained[1])
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak,
+            **({"train_s": train} if train is not None else {})}
 
 
 # --- the two pipelines ---------------------------------------------------------------------
@@ -294,7 +307,13 @@ def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
 
 def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
     """{pipeline: {stage: {"PAIRSxCORES": {"hours", "peak_gib"}}}} from the measured sizes,
-    less the ``fixed`` costs (the stages' times on FIXED_PAIRS pairs)."""
+    less the ``fixed`` costs (the stages' times on FIXED_PAIRS pairs).
+
+    Our alignment dictionary trains fast_align's model on at most
+    ``DEFAULT_TRAIN_SAMPLE`` pairs: its training time (logged, one thread) is extrapolated
+    to min(pairs, that sample) on one core, its memory likewise, and the rest (decoding and
+    counting, every pair) as a stage of its own.
+    """
     sizes = sorted(runs, key=int)
     table = {}
     for pipeline in ("ours", "reference"):
@@ -305,13 +324,21 @@ def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
             base = fixed[pipeline][stage]
             cpu = [max(runs[n][pipeline][stage]["cpu_s"] - base["cpu_s"], 1e-3) for n in ns]
             wall = [max(runs[n][pipeline][stage]["wall_s"] - base["wall_s"], 1e-3) for n in ns]
+            train = [runs[n][pipeline][stage].get("train_s") for n in ns]
+            capped = pipeline == "ours" and DEFAULT_TRAIN_SAMPLE and None not in train
+            if capped:  # the training apart: serial, on at most the sample
+                cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
+                wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
+                ta, tb = _fit([int(n) for n in ns], [max(t, 1e-3) for t in train], 0.5, 2.0)
             a, b = _fit([int(n) for n in ns], cpu, 0.5, 2.0)
             ma, mb = _fit([int(n) for n in ns], [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
-            s = serial_fraction(stage, wall[-1], cpu[-1], workers)
+            s = serial_fraction("align dict less training" if capped else stage, wall[-1], cpu[-1], workers)
             for pairs, cores in TARGETS:
-                seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores)
+                trained = min(pairs, DEFAULT_TRAIN_SAMPLE) if capped else pairs
+                seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores) \
+                    + (ta * trained ** tb if capped else 0.0)
                 table.setdefault(pipeline, {}).setdefault(stage, {})[f"{pairs}x{cores}"] = {
-                    "hours": seconds / 3600, "peak_gib": ma * pairs ** mb / 1024}
+                    "hours": seconds / 3600, "peak_gib": ma * trained ** mb / 1024}
     return table
 
 

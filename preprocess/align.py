@@ -19,9 +19,11 @@ process:
   the same EM training, the same forward decision, one thread so that every run gives the
   same dictionary), decoded in ``--workers`` processes (by default the cores available;
   the dictionary does not depend on them). On Multi30k its dictionary is identical to the
-  binary's. ``--train-sample N`` trains the model on N pairs spread over the corpus and
-  aligns every pair with it: training time and memory then stop growing with the corpus
-  (see :mod:`.fastalign` and the agreement it costs on the performance page).
+  binary's. On a corpus of more than ``--train-sample N`` pairs (default
+  :data:`DEFAULT_TRAIN_SAMPLE`) the model is trained on N pairs spread over the corpus and
+  every pair is aligned with it: training time and memory stop growing with the corpus
+  (see :mod:`.fastalign`; what it costs the dictionary is on the performance page).
+  ``--train-sample 0`` trains on every pair whatever the corpus' size.
 - ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
   never imported), a different aligner, whose dictionary changes from run to run.
 
@@ -88,6 +90,9 @@ WORK_PREFIX = ".align-work-"
 WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-\w+")
 # Target words kept per source word in the candidates file (fairseq-lua's limit).
 CANDIDATES_PER_WORD = 1000
+# systran-align trains fast_align's model on at most this many pairs of a larger corpus
+# (--train-sample), chosen by bench/sampling.py: see the performance page.
+DEFAULT_TRAIN_SAMPLE = 2_000_000
 
 
 class Aligner(NamedTuple):
@@ -248,11 +253,12 @@ def candidate_lines(counts: dict) -> Iterator[str]:
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
                      candidates_path: Optional[str] = None, workers: Optional[int] = None,
-                     train_sample: int = 0) -> bool:
+                     train_sample: Optional[int] = None) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
     current; True if they were built. ``workers``: the aligner's processes, by default the
     cores available (systran-align decodes in them; the dictionary is the same for any number).
-    ``train_sample``: systran-align trains on this many pairs (0: on every pair).
+    ``train_sample``: systran-align trains on at most this many pairs (0: on every pair;
+    None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on every pair.
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -278,10 +284,14 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
 
     if train_sample and aligner.name != "systran-align":
         raise PreprocessError(f"--train-sample is systran-align's: {aligner.name} trains on every "
-                              f"pair (use --aligner systran-align, or --train-sample 0)")
+                              f"pair (use --aligner systran-align, or leave --train-sample out)")
+    if train_sample is None:
+        train_sample = DEFAULT_TRAIN_SAMPLE if aligner.name == "systran-align" else 0
     remove_stale_work_folders(os.path.dirname(os.path.abspath(out_path)))
     outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
-    sampled = {"train_sample": train_sample} if train_sample else {}
+    # recorded only where it samples: a smaller corpus' dictionary is the same without it
+    pairs = count_lines(src_path) if os.path.isfile(src_path) else 0  # run_step names a missing one
+    sampled = {"train_sample": train_sample} if 0 < train_sample < pairs else {}
     return run_step("alignment dictionary", [src_path, tgt_path], outputs, build,
                     {**aligner.options(), **sampled})
 
@@ -304,15 +314,15 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int,
                         help="processes that decode fast_align's model (systran-align; its "
                              "training is on one thread) (default: the cores this process may use)")
-    parser.add_argument("--train-sample", type=int, default=0, metavar="N",
-                        help="systran-align: train fast_align's model on N pairs spread evenly "
-                             "over the corpus, then align every pair with it; training time and "
-                             "memory then stop growing with the corpus (default 0: train on "
-                             "every pair)")
+    parser.add_argument("--train-sample", type=int, metavar="N",
+                        help=f"systran-align: on a larger corpus, train fast_align's model on N "
+                             f"pairs spread evenly over it, then align every pair with it, so "
+                             f"that training time and memory stop growing with the corpus "
+                             f"(default {DEFAULT_TRAIN_SAMPLE}; 0: train on every pair)")
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
-    if args.train_sample < 0:
+    if args.train_sample is not None and args.train_sample < 0:
         parser.error(f"--train-sample {args.train_sample}: give a number of pairs, or 0 for all")
     return args
 

@@ -97,10 +97,13 @@ def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_c
     assert len(outside & sampled.keys()) > 0.5 * len(outside)
     assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=500)
     caplog.clear()
-    assert build_align_dict(src, tgt, out, aligner, workers=1, train_sample=0)
+    assert build_align_dict(src, tgt, out, aligner, workers=1)  # the default: every pair of these
     assert "options changed: train_sample: 500 -> None" in caplog.text
     full = dict(line.split() for line in open(out, encoding="utf-8"))
     assert full != sampled and len(full) > len(sampled)  # rare words are lost first
+    # a sample no smaller than the corpus is every pair: the same record, nothing rebuilt
+    assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=1500)
+    assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=0)
 
 
 def test_train_sample_is_refused_for_aligners_that_train_on_everything(tmp_path):
