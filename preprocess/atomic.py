@@ -33,8 +33,16 @@ its recorded sha256. Any write changes the ctime, which no tool can set back. A 
 changed less than ``RECENT_SECONDS`` before it was hashed gets no such entry: a second
 write within the same filesystem timestamp tick could leave all four equal.
 
+Shards: a line-by-line stage inside a step (:func:`preprocess.parallel.map_file`) writes
+its output in shards that a rerun can reuse, in ``.NAME.shards/`` beside the output NAME;
+:func:`running_step` tells it which step writes which output, and what the step was built
+from, which its shards' manifest names. The folders are kept while the step runs (a step
+killed in its second file's stage resumes its first file from them) and removed once the
+step's outputs are in place, or when a rerun finds the step current.
+
 Not detected: a change in this project's own code; delete an output to rebuild it.
 """
+import contextvars
 import hashlib
 import json
 import logging
@@ -42,7 +50,7 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 from .errors import PreprocessError, full_disk_reported
 from .textio import count_lines
@@ -50,6 +58,7 @@ from .textio import count_lines
 logger = logging.getLogger(__name__)
 
 RECORD_SUFFIX = ".built-from.json"
+SHARDS_SUFFIX = ".shards"
 # How long before it is hashed a file must have last changed for its stat to be trusted
 # on the next check (filesystem timestamps are coarser than a nanosecond, FAT's 2 s).
 RECENT_SECONDS = 2
@@ -65,6 +74,29 @@ def record_path(outputs: Sequence[str]) -> str:
     """Where the record of the step writing ``outputs`` lives: beside the first one, hidden."""
     directory, name = os.path.split(os.path.abspath(outputs[0]))
     return os.path.join(directory, f".{name}{RECORD_SUFFIX}")
+
+
+def shard_folder(path: str) -> str:
+    """Where the shards of the output ``path`` are kept while its step runs (hidden)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}{SHARDS_SUFFIX}")
+
+
+class StepOutput(NamedTuple):
+    """An output of the step that is running, as :func:`running_step` describes it."""
+    path: str  # its final name
+    derived_from: dict  # the step's name, options and inputs' sha256: what changes it
+    inputs: dict  # {absolute path: sha256} of the step's inputs
+
+
+_RUNNING = contextvars.ContextVar("running_step", default=None)
+
+
+def running_step(temp: str) -> Optional[StepOutput]:
+    """The output of the running step (:func:`run_step`) that is being written under the
+    temporary name ``temp``; None if ``temp`` is not one."""
+    running = _RUNNING.get()
+    return running.get(os.path.abspath(temp)) if running else None
 
 
 def remove_path(path: str) -> None:
@@ -251,14 +283,24 @@ def _run_step(name: str, inputs: Sequence[str], outputs: Sequence[str],
             if current != record:  # new paths or stat entries save work next time
                 with full_disk_reported(record_file), atomic_outputs([record_file]) as (temp,):
                     _write_record(temp, current)
+            _remove_shards(outputs)  # left by a run killed after its outputs were in place
             return False
     if reasons:
         logger.info("%s: rebuilding: %s", name, "; ".join(reasons))
     else:
         logger.info("%s: writing %s", name, ", ".join(outputs))
+    derived_from = {"step": name, "options": options,
+                    "inputs": [_contents(print_) for print_ in input_prints]}
+    sha256s = {print_["path"]: print_["files"]["."]["sha256"] for print_ in input_prints
+               if list(print_["files"]) == ["."]}
     with full_disk_reported(f"{name}: {', '.join(outputs)}"), \
             atomic_outputs([*outputs, record_file]) as temps:
-        action(*temps[:-1])
+        token = _RUNNING.set({os.path.abspath(temp): StepOutput(path, derived_from, sha256s)
+                              for temp, path in zip(temps, outputs)})
+        try:
+            action(*temps[:-1])
+        finally:
+            _RUNNING.reset(token)
         _write_record(temps[-1], {
             "step": name, "options": options, "inputs": input_prints,
             "outputs": [dict(fingerprint(temp), path=output)
@@ -267,8 +309,14 @@ def _run_step(name: str, inputs: Sequence[str], outputs: Sequence[str],
         # The outputs are about to be replaced: a kill between the renames must not
         # leave the old record describing some of them.
         remove_path(record_file)
+    _remove_shards(outputs)
     logger.info("%s: done: %s", name, ", ".join(_size(path) for path in outputs))
     return True
+
+
+def _remove_shards(outputs: Sequence[str]) -> None:
+    for path in outputs:
+        remove_path(shard_folder(path))
 
 
 def _size(path: str) -> str:

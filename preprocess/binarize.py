@@ -18,6 +18,16 @@ byte-identical to ``fairseq-preprocess``'s for any number of workers
 
 ``preprocess.log`` in the output folder holds the summary lines fairseq's writes
 (``[LANG] FILE: N sents, M tokens, X% replaced (by <unk>)``).
+
+Not resumable: an interrupted binarization starts over, unlike tokenizing and applying BPE
+(:mod:`.parallel`'s shards), although at the measured rates it is the longest of the
+line-by-line stages (about 2 hours for 36M pairs on 2 cores, docs/performance.md). Keeping
+its chunks is not simple: every chunk's ids depend on the dictionary, which a full counting
+pass over the training text builds at the start of the step, so a resumed run would count
+every word again before reusing anything unless the dictionary were kept too, as shards of
+their own kind; the chunks are byte ranges whose number follows ``--workers``; and each is a
+``.bin``/``.idx`` pair that fairseq's private ``_binarize_chunk_and_finalize`` writes under
+names it chooses, with a summary (the replaced words) that ``preprocess.log`` needs.
 """
 import logging
 import os

@@ -9,21 +9,57 @@ most a few batches per worker are in flight: memory does not grow with the corpu
 
 ``--workers`` defaults to :func:`available_cores`: the cores this process may run on
 (``os.sched_getaffinity``, which a batch scheduler's CPU set limits), not the machine's.
+
+Shards: a stage that writes an output of a pipeline step (:func:`.atomic.run_step`) writes it
+in shards of :func:`shard_lines` input lines (1,000,000, or ``CONVS2S_SHARD_LINES``), each
+under a temporary name renamed when complete, in ``.NAME.shards/`` beside the step's output
+NAME, with ``manifest.json``: what the shards are derived from (the input's sha256, the
+function and its arguments, the shard size, the step's name, options and inputs' sha256) and
+the lines and bytes of each finished shard. A rerun after a kill reuses the finished shards
+if the manifest's origin is the same (``STAGE: resuming: N of M shards already done``),
+computes the others and concatenates them all; any difference discards them all (logged).
+The step removes the folder once its outputs are in place: a stage needs about twice its
+output's disk. A kill loses at most the shard being written, in every worker's flight.
+Outside a step (nothing would reuse them) the output is written directly.
 """
 import collections
+import contextlib
 import functools
 import itertools
+import json
+import logging
 import multiprocessing
 import os
+import shutil
 from typing import Callable, Iterable, Iterator, List, Optional
 
+from .atomic import StepOutput, atomic_outputs, fingerprint, remove_path, running_step, shard_folder
+from .errors import PreprocessError
 from .progress import Progress
 from .textio import count_lines, read_lines
+
+logger = logging.getLogger(__name__)
 
 # Lines handed to a worker at a time.
 BATCH_LINES = 5000
 # Batches in flight per worker: enough that no worker waits for the next one.
 IN_FLIGHT_PER_WORKER = 3
+# Input lines per shard of a step's output (the environment may say otherwise).
+SHARD_VARIABLE = "CONVS2S_SHARD_LINES"
+SHARD_LINES = 1_000_000
+MANIFEST = "manifest.json"
+SHARDS_FORMAT = 1  # of the manifest and the shards: another one is never reused
+
+
+def shard_lines() -> int:
+    """Input lines per shard: ``CONVS2S_SHARD_LINES`` if set, else :data:`SHARD_LINES`."""
+    value = os.environ.get(SHARD_VARIABLE, "").strip()
+    if not value:
+        return SHARD_LINES
+    if not value.isdigit() or int(value) < 1:
+        raise PreprocessError(f"{SHARD_VARIABLE}={value!r}: give a whole number of lines "
+                              f"above 0, or unset it for the default {SHARD_LINES:,}")
+    return int(value)
 
 
 def available_cores() -> int:
@@ -70,17 +106,138 @@ def _map_lines(fn: Callable[[str], str], lines: List[str]) -> List[str]:
     return [fn(line) for line in lines]
 
 
+def _text(lines: List[str]) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
 def map_file(fn: Callable[[str], str], in_path: str, out_path: str, workers: int = 1,
              stage: Optional[str] = None) -> int:
     """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order, ``fn``
     applied in ``workers`` processes; return the number of lines. Logs ``stage``'s progress
-    in lines."""
+    in lines. Where ``out_path`` is an output of a running step, in shards that a rerun
+    reuses (see the module's documentation)."""
     progress = Progress(stage or f"{os.path.basename(in_path)} -> {out_path}",
                         count_lines(in_path), unit="lines")
-    batch_fn = functools.partial(_map_lines, fn)
-    with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-        for result in map_batches(batch_fn, batched(read_lines(in_path), BATCH_LINES), workers):
-            out.write("".join(line + "\n" for line in result))
-            progress.update(len(result))
+    step = running_step(out_path)
+    if step is not None:
+        _map_file_in_shards(fn, in_path, out_path, workers, progress, step)
+    else:
+        batch_fn = functools.partial(_map_lines, fn)
+        with open(out_path, "w", encoding="utf-8", newline="\n") as out:
+            for result in map_batches(batch_fn, batched(read_lines(in_path), BATCH_LINES), workers):
+                out.write(_text(result))
+                progress.update(len(result))
     progress.finish()
     return progress.done
+
+
+def describe(fn: Callable) -> str:
+    """``module.name(arguments)`` of a function or a ``functools.partial`` of one."""
+    if isinstance(fn, functools.partial):
+        arguments = [repr(arg) for arg in fn.args]
+        arguments += [f"{key}={value!r}" for key, value in sorted(fn.keywords.items())]
+        return f"{describe(fn.func)}({', '.join(arguments)})"
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def _shard_path(folder: str, index: int) -> str:
+    return os.path.join(folder, f"{index:06d}")
+
+
+def _write_manifest(folder: str, manifest: dict) -> None:
+    with atomic_outputs([os.path.join(folder, MANIFEST)]) as (temp,):
+        with open(temp, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+
+
+def _finished_shards(folder: str, derived_from: dict, sizes: list, stage: str) -> dict:
+    """{index: entry} of the shards in ``folder`` that a run derived from ``derived_from``
+    finished, with the ``sizes`` (lines) expected; the folder is removed if it holds shards
+    derived from anything else."""
+    if not os.path.isdir(folder):
+        return {}
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):  # none (killed before it was written), or not one
+        manifest = None
+    recorded = manifest.get("derived_from") if isinstance(manifest, dict) else None
+    if not isinstance(recorded, dict) or recorded != derived_from:
+        changed = sorted(key for key in derived_from.keys() | (recorded or {}).keys()
+                         if (recorded or {}).get(key) != derived_from.get(key))
+        logger.info("%s: not resuming: the shards in %s were derived from other %s; "
+                    "computing every shard", stage, folder,
+                    ", ".join(changed) if recorded else "input or options (no manifest)")
+        remove_path(folder)
+        return {}
+    finished = {}
+    for key, entry in manifest.get("shards", {}).items():
+        index = int(key) if key.isdigit() else len(sizes)
+        path = _shard_path(folder, index)
+        if index < len(sizes) and isinstance(entry, dict) and entry.get("lines") == sizes[index] \
+                and os.path.isfile(path) and os.path.getsize(path) == entry.get("bytes"):
+            finished[index] = entry
+    return finished
+
+
+def _changed(path: str, total: int) -> PreprocessError:
+    return PreprocessError(f"{path} changed while it was read ({total:,} lines when counted): "
+                           "make sure nothing writes it, and run the command again")
+
+
+def _map_file_in_shards(fn: Callable[[str], str], in_path: str, out_path: str, workers: int,
+                        progress: Progress, step: StepOutput) -> None:
+    size, total = shard_lines(), progress.total
+    sizes = [min(size, total - start) for start in range(0, total, size)]
+    folder = shard_folder(step.path)
+    sha256 = step.inputs.get(os.path.abspath(in_path)) or \
+        fingerprint(in_path)["files"]["."]["sha256"]
+    derived_from = json.loads(json.dumps({
+        "format": SHARDS_FORMAT, "input": sha256, "function": describe(fn),
+        "shard_lines": size, **step.derived_from}))
+    finished = _finished_shards(folder, derived_from, sizes, progress.stage)
+    if finished:
+        logger.info("%s: resuming: %d of %d shards already done", progress.stage,
+                    len(finished), len(sizes))
+        progress.resume(sum(entry["lines"] for entry in finished.values()))
+    manifest = {"derived_from": derived_from, "input": os.path.abspath(in_path),
+                "shards": {str(index): entry for index, entry in sorted(finished.items())}}
+    os.makedirs(folder, exist_ok=True)
+    _write_manifest(folder, manifest)
+
+    lines = read_lines(in_path)
+
+    def work() -> Iterator[list]:
+        for index, count in enumerate(sizes):
+            shard = itertools.islice(lines, count)
+            if index in finished:
+                collections.deque(shard, maxlen=0)  # read past it
+            else:
+                yield from batched(shard, BATCH_LINES)  # never across shards
+
+    batch_fn, todo = functools.partial(_map_lines, fn), work()
+    with contextlib.closing(map_batches(batch_fn, todo, workers)) as results:
+        for index, count in enumerate(sizes):
+            if index in finished:
+                continue
+            path, written = _shard_path(folder, index), 0
+            with atomic_outputs([path]) as (temp,):
+                with open(temp, "w", encoding="utf-8", newline="\n") as out:
+                    while written < count:
+                        result = next(results, None)
+                        if result is None:
+                            break
+                        out.write(_text(result))
+                        written += len(result)
+                        progress.update(len(result))
+                if written < count:
+                    raise _changed(in_path, total)
+            manifest["shards"][str(index)] = {"lines": count, "bytes": os.path.getsize(path)}
+            _write_manifest(folder, manifest)
+    collections.deque(todo, maxlen=0)  # reads past finished shards at the end
+    if next(lines, None) is not None:
+        raise _changed(in_path, total)
+    with open(out_path, "wb") as out:
+        for index in range(len(sizes)):
+            with open(_shard_path(folder, index), "rb") as shard:
+                shutil.copyfileobj(shard, out, 1 << 20)

@@ -42,6 +42,7 @@ class Progress:
     """Counts what a stage has done and logs it at intervals.
 
     ``total`` may be unknown (None): the lines then give the count and the rate only.
+    Work that an interrupted run finished (:meth:`resume`) counts as done, not in the rate.
     """
 
     def __init__(self, stage: str, total: Optional[int] = None, unit: str = "pairs",
@@ -49,13 +50,13 @@ class Progress:
         self.stage, self.total, self.unit = stage, total, unit
         self.interval = INTERVAL if interval is None else interval
         self.log = log
-        self.done = 0
+        self.done = self.resumed = 0
         self.start = self.last = time.monotonic()
 
     def report(self) -> str:
         """The progress line for what is done now."""
         elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self.resumed) / elapsed
         text = f"{self.stage}: {self.done:,}"
         if self.total:
             text += f"/{self.total:,} {self.unit} ({100 * self.done / self.total:.0f}%)"
@@ -73,6 +74,11 @@ class Progress:
         if now - self.last >= self.interval:
             self.last = now
             self.log.info(self.report())
+
+    def resume(self, count: int) -> None:
+        """Count ``count`` as done by an earlier run: done, but not part of this run's rate."""
+        self.done += count
+        self.resumed += count
 
     def finish(self) -> None:
         """Log the final count, rate and time taken."""

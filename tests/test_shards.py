@@ -1,0 +1,195 @@
+"""Issue 35: a line-by-line stage of a pipeline step (tokenize, apply BPE) writes its output
+in shards, and a rerun after a kill reuses the finished ones (preprocess/parallel.py), on
+real runs, no mocks: convs2s-prepare killed with SIGKILL, and steps stopped by a real error
+(invalid UTF-8 part-way through the input) in this process. Shards are made small with the
+documented CONVS2S_SHARD_LINES.
+"""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA
+from convs2s_preprocess.atomic import run_step, shard_folder
+from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe
+from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.parallel import MANIFEST, SHARD_VARIABLE
+from convs2s_preprocess.tokenize import tokenize_file
+from faults import ENV, command, processes_mentioning, wait_until
+
+MULTI30K = DATA / "multi30k"
+needs_data = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
+LINES, SHARD = 4000, 50  # 80 shards per file in the killed command
+BAD_LINE = 350  # invalid UTF-8 there: shards 0-2 of 100 lines are finished when it fails
+
+
+def _lines(lang: str, count: int) -> list:
+    with open(MULTI30K / f"train.{lang}", encoding="utf-8") as f:
+        return [line for _, line in zip(range(count), f)]
+
+
+def _finished(output: Path) -> dict:
+    """{shard file: (inode, mtime, size)} of the finished shards of ``output``'s stage."""
+    folder = Path(shard_folder(str(output)))
+    try:
+        shards = json.loads((folder / MANIFEST).read_text())["shards"]
+    except (OSError, ValueError):
+        return {}
+    found = {}
+    for index in shards:
+        path = folder / f"{int(index):06d}"
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        found[path.name] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return found
+
+
+def _popen(argv: list, folder: Path, env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=f)
+
+
+def _kill(proc: subprocess.Popen, folder: Path) -> None:
+    proc.kill()
+    proc.wait()
+    assert wait_until(lambda: not processes_mentioning(str(folder)), 10), \
+        f"left running after SIGKILL: {processes_mentioning(str(folder))}"
+
+
+@needs_data
+def test_killed_stage_resumes_from_its_shards(tmp_path):
+    """SIGKILL while train.en is tokenized, then again after the rerun has resumed: the
+    rerun reuses the finished shards without writing them again, and the run that ends
+    gives what an uninterrupted tokenization and BPE give, with no shard folder left."""
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("".join(_lines(lang, LINES)), encoding="utf-8")
+    env = {**ENV, SHARD_VARIABLE: str(SHARD), "CONVS2S_PROGRESS_SECONDS": "0"}
+    argv = command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", "train", "-o",
+                   "out", "--bpe-merges", 200, "--workers", 2)
+    tok = tmp_path / "out" / "tok" / "train.en"
+    shards = LINES // SHARD
+    stage = f"tokenize {tmp_path / 'train.en'}"
+
+    proc = _popen(argv, tmp_path, env, tmp_path / "run1.log")
+    assert wait_until(lambda: len(_finished(tok)) >= 3 or proc.poll() is not None, 60)
+    _kill(proc, tmp_path)
+    first = _finished(tok)
+    assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
+
+    proc = _popen(argv, tmp_path, env, tmp_path / "run2.log")
+    assert wait_until(lambda: len(_finished(tok)) >= len(first) + 2 or proc.poll() is not None, 60)
+    _kill(proc, tmp_path)
+    log = (tmp_path / "run2.log").read_text()
+    assert f"{stage}: resuming: {len(first)} of {shards} shards already done" in log, log
+    second = _finished(tok)
+    assert len(second) < shards, f"killed too late: {len(second)} of {shards} shards"
+    assert {name: second.get(name) for name in first} == first  # not written again
+
+    done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{stage}: resuming: {len(second)} of {shards} shards already done" in done.stderr
+    progress = re.findall(rf"{re.escape(stage)}: ([\d,]+)/{LINES:,} lines", done.stderr)
+    assert int(progress[0].replace(",", "")) >= len(second) * SHARD  # reused shards are done
+
+    out = tmp_path / "out"
+    assert not list(out.rglob("*.shards")) and not list(out.rglob("*.tmp"))
+    for lang in ("en", "de"):  # an uninterrupted run of each stage, here, without shards
+        tokenize_file(str(tmp_path / f"train.{lang}"), str(tmp_path / f"plain.{lang}"), lang)
+        assert (out / "tok" / f"train.{lang}").read_bytes() == (tmp_path / f"plain.{lang}").read_bytes()
+        apply_bpe_file(str(out / "bpe" / "codes"), str(out / "tok" / f"train.clean.{lang}"),
+                       str(tmp_path / f"plain.bpe.{lang}"))
+        assert (out / "bpe" / f"train.{lang}").read_bytes() == (tmp_path / f"plain.bpe.{lang}").read_bytes()
+
+
+def _raw_with_bad_line(path: Path, changed_line: str = None) -> Path:
+    """1000 English lines with invalid UTF-8 on line BAD_LINE (and ``changed_line`` first)."""
+    lines = [line.encode() for line in _lines("en", 1000)]
+    lines[BAD_LINE - 1] = b"caf\xe9 au lait\n"
+    if changed_line:
+        lines[0] = changed_line.encode() + b"\n"
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def _tokenize_step(raw: Path, out: Path, romanian: bool = False):
+    return run_step("tokenize", [str(raw)], [str(out)],
+                    lambda temp: tokenize_file(str(raw), temp, "en", romanian=romanian),
+                    {"lang": "en", "romanian": romanian})
+
+
+def _fails_after_three_shards(step, out: Path, caplog) -> dict:
+    caplog.clear()
+    with pytest.raises(PreprocessError, match=f"line {BAD_LINE}: not valid UTF-8"):
+        step()
+    finished = _finished(out)
+    assert len(finished) == 3, sorted(finished)
+    return finished
+
+
+@pytest.fixture
+def small_shards(monkeypatch, caplog):
+    monkeypatch.setenv(SHARD_VARIABLE, "100")
+    caplog.set_level("INFO")
+
+
+@needs_data
+def test_changed_input_reuses_no_shard(tmp_path, caplog, small_shards):
+    raw, out = _raw_with_bad_line(tmp_path / "raw.en"), tmp_path / "tok.en"
+    first = _fails_after_three_shards(lambda: _tokenize_step(raw, out), out, caplog)
+    assert _fails_after_three_shards(lambda: _tokenize_step(raw, out), out, caplog) == first
+    assert f"tokenize {raw}: resuming: 3 of 10 shards already done" in caplog.text
+
+    # The bad line corrected and the first line (shard 0) changed: nothing is reused.
+    raw.write_text("A changed first line .\n" + "".join(_lines("en", 1000)[1:]), encoding="utf-8")
+    caplog.clear()
+    assert _tokenize_step(raw, out)
+    assert "resuming" not in caplog.text.replace("not resuming", "")
+    assert re.search(rf"tokenize {re.escape(str(raw))}: not resuming: .* derived from other input\b",
+                     caplog.text), caplog.text
+    tokenize_file(str(raw), str(tmp_path / "plain.en"), "en")
+    assert out.read_bytes() == (tmp_path / "plain.en").read_bytes()
+    assert not os.path.exists(shard_folder(str(out)))
+
+
+@needs_data
+def test_changed_options_reuse_no_shard(tmp_path, caplog, small_shards):
+    raw, out = _raw_with_bad_line(tmp_path / "raw.en"), tmp_path / "tok.en"
+    first = _fails_after_three_shards(lambda: _tokenize_step(raw, out), out, caplog)
+    again = _fails_after_three_shards(lambda: _tokenize_step(raw, out, romanian=True), out, caplog)
+    assert "resuming" not in caplog.text.replace("not resuming", "")
+    assert "derived from other function, options" in caplog.text, caplog.text
+    assert not set(first.values()) & set(again.values())  # every shard written again
+
+
+@needs_data
+def test_codes_learned_again_reuse_no_shard(tmp_path, caplog, small_shards):
+    """apply BPE's function names the codes by path: codes learned again there (other
+    --bpe-merges) must not let shards segmented with the old ones through."""
+    text, out, codes = _raw_with_bad_line(tmp_path / "tok.en"), tmp_path / "bpe.en", tmp_path / "codes"
+    good = tmp_path / "good.en"
+    good.write_text("".join(_lines("en", 1000)), encoding="utf-8")
+
+    def step():
+        return run_step("apply BPE", [str(codes), str(text)], [str(out)],
+                        lambda temp: apply_bpe_file(str(codes), str(text), temp))
+    learn_joint_bpe([str(good)], str(codes), 50)
+    first = _fails_after_three_shards(step, out, caplog)
+    learn_joint_bpe([str(good)], str(codes), 300)
+    again = _fails_after_three_shards(step, out, caplog)
+    assert "resuming" not in caplog.text.replace("not resuming", "")
+    assert "derived from other inputs" in caplog.text, caplog.text
+    assert not set(first.values()) & set(again.values())
+
+
+def test_bad_shard_size_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(SHARD_VARIABLE, "1e6")
+    raw = tmp_path / "raw.en"
+    raw.write_text("Hello world .\n", encoding="utf-8")
+    with pytest.raises(PreprocessError, match=f"{SHARD_VARIABLE}='1e6': give a whole number"):
+        _tokenize_step(raw, tmp_path / "tok.en")
+    assert sorted(os.listdir(tmp_path)) == ["raw.en"]
