@@ -22,7 +22,7 @@ from faults import ENV, command, processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
-LINES, SHARD = 4000, 50  # 80 shards per file in the killed command
+LINES, SHARD = 2400, 30  # 80 shards per file in the killed command
 BAD_LINE = 350  # invalid UTF-8 there: shards 0-2 of 100 lines are finished when it fails
 
 
