@@ -198,6 +198,7 @@ def main(argv=None) -> None:
                         help="BPE sample sizes (default 100000 250000)")
     parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
+    parser.add_argument("--only", choices=["dictionary", "bpe"], help="measure only this part")
     parser.add_argument("--workdir", help="where the corpora and results go (default: temporary)")
     parser.add_argument("--json", metavar="FILE", help="write the results, after each run")
     args = parser.parse_args(argv)
@@ -219,6 +220,8 @@ def main(argv=None) -> None:
             + [("bpe", MULTI30K, args.multi30k_samples, MULTI30K_MERGES)] * bool(args.multi30k_samples) \
             + [("bpe", str(size), args.bpe_samples, args.merges) for size in sorted(args.bpe_sizes)]
         for part, name, samples, merges in runs:
+            if args.only not in (None, part):
+                continue
             if part == "dictionary":
                 results[part][name] = run_corpus(name, workdir / name, samples, args.workers)
             else:

@@ -23,6 +23,9 @@ from .progress import CountingWriter, Progress
 from .textio import count_lines, map_lines, read_lines, spread_evenly
 
 DEFAULT_MERGES = 40000
+# convs2s-prepare learns the codes from at most this many pairs of a larger corpus
+# (--bpe-sample), chosen by bench/sampling.py: see the performance page.
+DEFAULT_SAMPLE = 0
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
 # Lines per batch of word counting: its result, a Counter, is sent back whole.

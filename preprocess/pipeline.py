@@ -53,12 +53,12 @@ from typing import Optional
 
 from .atomic import atomic_outputs, run_step
 from .binarize import binarize
-from .bpe import DEFAULT_MERGES, apply_bpe_file, learn_joint_bpe
+from .bpe import DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
 from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import available_cores
-from .textio import check_parallel
+from .textio import check_parallel, count_lines
 from .tokenize import tokenize_file
 
 logger = logging.getLogger(__name__)
@@ -96,13 +96,15 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             romanian: bool = False, bpe_merges: Optional[int] = DEFAULT_MERGES,
             max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
             srcdict: Optional[str] = None, joined_dictionary: bool = True,
-            nwords: int = -1, workers: Optional[int] = None) -> str:
+            nwords: int = -1, workers: Optional[int] = None,
+            bpe_sample: int = DEFAULT_SAMPLE) -> str:
     """Run every step that is not current; return the binarized data directory.
 
     Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
     Romanian normalization to the ``ro`` side. ``workers``: processes per stage, by default
-    the cores this process may use.
+    the cores this process may use. ``bpe_sample``: learn BPE from at most this many
+    training pairs, spread over the corpus (0: from every pair).
     """
     workers = workers or available_cores()
     langs = (src_lang, tgt_lang)
@@ -130,9 +132,12 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     if bpe_merges:
         codes = os.path.join(outdir, "bpe", "codes")
         subword_nmt = {"subword-nmt": version("subword-nmt")}
+        # recorded only where it samples: a smaller corpus' codes are the same without it
+        train_pairs = count_lines(files(text["train"])[0])  # written by the step before
+        sampled = {"sample": bpe_sample} if 0 < bpe_sample < train_pairs else {}
         run_step("learn BPE", files(text["train"]), [codes],
-                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers),
-                 {"merges": bpe_merges, **subword_nmt})
+                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers, bpe_sample),
+                 {"merges": bpe_merges, **subword_nmt, **sampled})
         segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
         for split in prefixes:
             inputs = files(text[split])
@@ -199,6 +204,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     bpe.add_argument("--bpe-merges", type=int, default=DEFAULT_MERGES, metavar="N",
                      help=f"joint BPE merge operations (default {DEFAULT_MERGES})")
     bpe.add_argument("--no-bpe", action="store_true", help="word-level vocabulary, no BPE")
+    parser.add_argument("--bpe-sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
+                        help=f"learn BPE from at most N training pairs spread evenly over the "
+                             f"corpus: subword-nmt's merges run on one core, in a time that grows "
+                             f"with the vocabulary (default {DEFAULT_SAMPLE}; 0: every pair)")
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
                         help=f"drop training pairs with a side longer than this many tokens "
                              f"(default {DEFAULT_MAX_LEN})")
@@ -215,6 +224,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int,
                         help="parallel processes (default: the cores this process may use)")
     args = parser.parse_args(argv)
+    if args.bpe_sample < 0:
+        parser.error(f"--bpe-sample {args.bpe_sample}: give a number of pairs, or 0 for all")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
     return args
@@ -230,7 +241,7 @@ def main(argv: Optional[list] = None) -> None:
                     bpe_merges=None if args.no_bpe else args.bpe_merges, max_len=args.max_len,
                     ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
                     joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
-                    workers=args.workers)
+                    workers=args.workers, bpe_sample=args.bpe_sample)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
 

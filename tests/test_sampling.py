@@ -16,6 +16,7 @@ from convs2s_preprocess import fastalign
 from convs2s_preprocess.align import Aligner, build_align_dict
 from convs2s_preprocess.bpe import learn_joint_bpe
 from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.pipeline import prepare
 from convs2s_preprocess.textio import spread_evenly
 from test_align import REFERENCE, needs_reference, needs_systran_align, write
 
@@ -111,3 +112,22 @@ def test_train_sample_is_refused_for_aligners_that_train_on_everything(tmp_path)
     with pytest.raises(PreprocessError, match="--train-sample is systran-align's: eflomal"):
         build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("eflomal", ("eflomal-align",)),
                          train_sample=10)
+
+
+@needs_multi30k
+def test_prepare_bpe_sample_is_recorded_only_where_it_samples(tmp_path, caplog):
+    """convs2s-prepare --bpe-sample: a sample smaller than the corpus relearns the codes
+    (and so segments and binarizes again); one as large as the corpus changes nothing."""
+    for lang in ("en", "de"):
+        write(tmp_path / f"train.{lang}", _lines(MULTI30K / f"train.{lang}", 400))
+    caplog.set_level(logging.INFO)
+    run = dict(src_lang="en", tgt_lang="de", trainpref=str(tmp_path / "train"), bpe_merges=200,
+               workers=1)
+    prepare(str(tmp_path / "out"), **run)
+    codes = (tmp_path / "out" / "bpe" / "codes").read_text(encoding="utf-8")
+    caplog.clear()
+    prepare(str(tmp_path / "out"), **run, bpe_sample=400)
+    assert "learn BPE: rebuilding" not in caplog.text
+    prepare(str(tmp_path / "out"), **run, bpe_sample=100)
+    assert "learn BPE: rebuilding: options changed: sample: None -> 100" in caplog.text
+    assert (tmp_path / "out" / "bpe" / "codes").read_text(encoding="utf-8") != codes
