@@ -124,8 +124,10 @@ class TranslationTable(NamedTuple):
 
 def trained_pairs(log: str) -> int:
     """Pair passes done by the library's training, from its log: a dot per
-    :data:`DOT_PAIRS` pairs of each pass over the corpus, on lines of their own."""
-    return DOT_PAIRS * sum(len(run) for run in re.findall(r"(?m)^\.+$", log + "\n"))
+    :data:`DOT_PAIRS` pairs of each pass over the corpus, on lines of their own, which
+    end in ``[PAIRS]`` once they hold 50 dots."""
+    marks = r"(?m)^(\.+)(?: \[?\d*\]?)?$"  # the last line may be read half written
+    return DOT_PAIRS * sum(len(run) for run in re.findall(marks, log + "\n"))
 
 
 def forward_written(log: str, forward: str) -> bool:

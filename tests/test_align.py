@@ -256,6 +256,18 @@ def test_multi30k_dictionary_with_fast_align(tmp_path):
     _check_multi30k_dictionary(out)
 
 
+def test_training_progress_counts_every_dot_of_the_library_log_and_never_goes_back():
+    """The library logs a dot per 1000 pairs, 50 to a line ended by ``[PAIRS]`` (corpora
+    of 50,000 pairs or more): those lines were not counted, so the progress of a 500,000
+    pair run read 1% after a whole pass, fell back to 0 at each full line, and said days left."""
+    log = ("INITIAL PASS \n" + ("." * 50 + " [50000]\n") + ("." * 50 + " [100000]\n") + "." * 7
+           + "\nexpected target length = source length * 0.967559\nITERATION 1\n" + "." * 50
+           + " [50000]\n" + "..")
+    assert fastalign.trained_pairs(log) == (50 + 50 + 7 + 50 + 2) * 1000
+    counts = [fastalign.trained_pairs(log[:end]) for end in range(len(log) + 1)]
+    assert counts == sorted(counts)
+
+
 # fast_align's model from systran-align against the real binary's output on Multi30k ----
 
 def _reference_pairs(n: Optional[int] = None) -> list:
