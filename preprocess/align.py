@@ -33,7 +33,9 @@ the line in the wrong place), are left out of the aligner's input; the same pair
 out when its output is read back, which keeps alignment line N on pair N. Replacing
 ``|||`` instead would put a made-up token into the dictionary.
 
-The aligner works in a folder beside the output, ``.align-work-HOST-PID-*``, removed when
+The aligner works in a folder beside the output (in ``--tmpdir DIR`` if given: a node's
+local disk, say), ``.align-work-HOST-PID-*``, which holds a copy of the corpus and its
+links, about as large as the two tokenized files together, and is removed when
 it ends, fails, or is stopped by SIGINT or SIGTERM (which also stop the aligner). A
 SIGKILL, which nothing can catch, leaves the folder behind (on Linux the kernel still
 stops the aligner, see :mod:`.processes`): the next run removes the folders of processes
@@ -253,12 +255,13 @@ def candidate_lines(counts: dict) -> Iterator[str]:
 
 def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Aligner,
                      candidates_path: Optional[str] = None, workers: Optional[int] = None,
-                     train_sample: Optional[int] = None) -> bool:
+                     train_sample: Optional[int] = None, tmpdir: Optional[str] = None) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
     current; True if they were built. ``workers``: the aligner's processes, by default the
     cores available (systran-align decodes in them; the dictionary is the same for any number).
     ``train_sample``: systran-align trains on at most this many pairs (0: on every pair;
-    None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on every pair.
+    None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on every pair. ``tmpdir``:
+    where the aligner's work folder goes (default: beside ``out_path``).
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier
@@ -267,15 +270,15 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     from these inputs.
     """
     def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
-        with work_folder(os.path.dirname(temp_out)) as tmp:
+        with work_folder(scratch) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
             kept = write_aligner_input(src_path, tgt_path, corpus)
             if kept == 0:
                 raise PreprocessError(f"nothing to align in {src_path} / {tgt_path}: every "
                                       f"pair has an empty side or contains {SEPARATOR!r}")
-            logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r)",
+            logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r), in %s",
                         kept, aligner.name, shlex.join(aligner.command),
-                        count_lines(src_path) - kept, SEPARATOR)
+                        count_lines(src_path) - kept, SEPARATOR, tmp)
             run_aligner(aligner, corpus, links, tmp, workers or available_cores(), train_sample)
             counts = count_links(aligned_pairs(src_path, tgt_path), read_lines(links))
         write_lines(temp_out, (f"{src} {tgt}" for src, tgt in sorted(most_frequent(counts).items())))
@@ -287,7 +290,10 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
                               f"pair (use --aligner systran-align, or leave --train-sample out)")
     if train_sample is None:
         train_sample = DEFAULT_TRAIN_SAMPLE if aligner.name == "systran-align" else 0
-    remove_stale_work_folders(os.path.dirname(os.path.abspath(out_path)))
+    if tmpdir and not os.path.isdir(tmpdir):
+        raise PreprocessError(f"--tmpdir {tmpdir}: no such folder; create it or give another")
+    scratch = os.path.abspath(tmpdir or os.path.dirname(os.path.abspath(out_path)))
+    remove_stale_work_folders(scratch)
     outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
     # recorded only where it samples: a smaller corpus' dictionary is the same without it
     pairs = count_lines(src_path) if os.path.isfile(src_path) else 0  # run_step names a missing one
@@ -314,6 +320,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int,
                         help="processes that decode fast_align's model (systran-align; its "
                              "training is on one thread) (default: the cores this process may use)")
+    parser.add_argument("--tmpdir", metavar="DIR",
+                        help="where the aligner's work folder goes (a copy of the corpus and its "
+                             "links; default: beside the output)")
     parser.add_argument("--train-sample", type=int, metavar="N",
                         help=f"systran-align: on a larger corpus, train fast_align's model on N "
                              f"pairs spread evenly over it, then align every pair with it, so "
@@ -336,7 +345,7 @@ def main(argv: Optional[list] = None) -> None:
         with full_disk_reported(args.output), output_lock(folder):
             build_align_dict(args.src, args.tgt, args.output,
                              find_aligner(args.aligner, args.fast_align), args.candidates,
-                             args.workers, args.train_sample)
+                             args.workers, args.train_sample, args.tmpdir)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:

@@ -87,8 +87,11 @@ def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_c
     aligner = Aligner("systran-align", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
     out = str(tmp_path / "align.dict")
     caplog.set_level(logging.INFO)
-    assert build_align_dict(src, tgt, out, aligner, workers=2, train_sample=500)
+    scratch = tmp_path / "scratch"  # --tmpdir: the aligner's work folder goes there
+    scratch.mkdir()
+    assert build_align_dict(src, tgt, out, aligner, workers=2, train_sample=500, tmpdir=str(scratch))
     assert "training fast_align's model on 500 of the 1500 pairs" in caplog.text
+    assert f"in {scratch}/.align-work-" in caplog.text and not list(scratch.iterdir())
     sampled = dict(line.split() for line in open(out, encoding="utf-8"))
     # every pair was aligned: words of pairs outside the sample are in the dictionary too
     outside = {word for i, line in enumerate(open(src, encoding="utf-8"))
@@ -105,6 +108,13 @@ def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_c
     # a sample no smaller than the corpus is every pair: the same record, nothing rebuilt
     assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=1500)
     assert not build_align_dict(src, tgt, out, aligner, workers=2, train_sample=0)
+
+
+def test_a_missing_tmpdir_is_one_line(tmp_path):
+    src, tgt = write(tmp_path / "src", ["a b"]), write(tmp_path / "tgt", ["c d"])
+    with pytest.raises(PreprocessError, match="--tmpdir .*/nowhere: no such folder"):
+        build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("systran-align", ("x",)),
+                         tmpdir=str(tmp_path / "nowhere"))
 
 
 def test_train_sample_is_refused_for_aligners_that_train_on_everything(tmp_path):
