@@ -94,7 +94,7 @@ WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-\w+"
 CANDIDATES_PER_WORD = 1000
 # systran-align trains fast_align's model on at most this many pairs of a larger corpus
 # (--train-sample), chosen by bench/sampling.py: see the performance page.
-DEFAULT_TRAIN_SAMPLE = 2_000_000
+DEFAULT_TRAIN_SAMPLE = 500_000
 
 
 class Aligner(NamedTuple):
