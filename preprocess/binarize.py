@@ -21,7 +21,7 @@ byte-identical to ``fairseq-preprocess``'s for any number of workers
 
 Not resumable: an interrupted binarization starts over, unlike tokenizing and applying BPE
 (:mod:`.parallel`'s shards), although at the measured rates it is the longest of the
-line-by-line stages (about 2 hours for 36M pairs on 2 cores, docs/performance.md). Keeping
+line-by-line stages (about 2.7 hours for 36M pairs on 2 cores, docs/performance.md). Keeping
 its chunks is not simple: every chunk's ids depend on the dictionary, which a full counting
 pass over the training text builds at the start of the step, so a resumed run would count
 every word again before reusing anything unless the dictionary were kept too, as shards of
