@@ -67,7 +67,7 @@ from .locking import output_lock
 from .parallel import available_cores
 from .progress import relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
-from .textio import check_parallel, count_lines, read_lines, write_lines
+from .textio import check_parallel, count_lines, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -295,11 +295,8 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     scratch = os.path.abspath(tmpdir or os.path.dirname(os.path.abspath(out_path)))
     remove_stale_work_folders(scratch)
     outputs = [out_path] if candidates_path is None else [out_path, candidates_path]
-    # recorded only where it samples: a smaller corpus' dictionary is the same without it
-    pairs = count_lines(src_path) if os.path.isfile(src_path) else 0  # run_step names a missing one
-    sampled = {"train_sample": train_sample} if 0 < train_sample < pairs else {}
     return run_step("alignment dictionary", [src_path, tgt_path], outputs, build,
-                    {**aligner.options(), **sampled})
+                    {**aligner.options(), **sample_option("train_sample", train_sample, src_path)})
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:

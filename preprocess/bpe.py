@@ -43,16 +43,21 @@ def _count_words(lines: list) -> tuple:
     return len(lines), counts
 
 
-def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Counter:
-    """Word counts of the concatenation of ``paths`` in ``workers`` processes, each word
-    first where it first occurs, as subword-nmt counts: its codes depend on that order
-    (words of equal counts keep it when sorted). ``sample``: count only this many lines of
-    each file, spread evenly (the same pairs of parallel files); 0: every line."""
+def sampled_lines(paths: Sequence[str], sample: int = 0) -> tuple:
+    """(number of lines, lines) of the concatenation of ``paths``, ``sample`` lines of each
+    spread evenly (the same pairs of parallel files); 0: every line."""
     totals = [count_lines(path) for path in paths]
     kept = [min(sample, total) if sample else total for total in totals]
-    progress = Progress("count words for BPE", sum(kept), unit="lines")
-    lines = itertools.chain.from_iterable(
+    return sum(kept), itertools.chain.from_iterable(
         spread_evenly(read_lines(path), size, total) for path, size, total in zip(paths, kept, totals))
+
+
+def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Counter:
+    """Word counts of :func:`sampled_lines` in ``workers`` processes, each word first where
+    it first occurs, as subword-nmt counts: its codes depend on that order (words of equal
+    counts keep it when sorted)."""
+    total, lines = sampled_lines(paths, sample)
+    progress = Progress("count words for BPE", total, unit="lines")
     counts = Counter()
     for batch, batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
         counts.update(batch_counts)
@@ -76,9 +81,7 @@ def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
     """
     counts = count_words(train_paths, workers, sample)
     if any(word[0] == "\r" for word in counts):  # a dictionary line cannot start with it
-        vocabulary, is_dict = itertools.chain.from_iterable(
-            spread_evenly(read_lines(path), sample or count_lines(path), count_lines(path))
-            for path in train_paths), False
+        vocabulary, is_dict = sampled_lines(train_paths, sample)[1], False
     else:
         vocabulary, is_dict = (f"{word} {count}" for word, count in counts.items()), True
     progress = Progress("learn BPE", merges, unit="merges")

@@ -58,7 +58,7 @@ from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import available_cores
-from .textio import check_parallel, count_lines
+from .textio import check_parallel, sample_option
 from .tokenize import tokenize_file
 
 logger = logging.getLogger(__name__)
@@ -132,12 +132,10 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     if bpe_merges:
         codes = os.path.join(outdir, "bpe", "codes")
         subword_nmt = {"subword-nmt": version("subword-nmt")}
-        # recorded only where it samples: a smaller corpus' codes are the same without it
-        train_pairs = count_lines(files(text["train"])[0])  # written by the step before
-        sampled = {"sample": bpe_sample} if 0 < bpe_sample < train_pairs else {}
         run_step("learn BPE", files(text["train"]), [codes],
                  lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers, bpe_sample),
-                 {"merges": bpe_merges, **subword_nmt, **sampled})
+                 {"merges": bpe_merges, **subword_nmt,
+                  **sample_option("sample", bpe_sample, files(text["train"])[0])})
         segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
         for split in prefixes:
             inputs = files(text[split])

@@ -5,6 +5,7 @@ aligned with line N of the other (the layout of the WMT data, Sennrich's WMT16 s
 ``fairseq-preprocess``).
 """
 import multiprocessing
+import os
 from typing import Callable, Iterable, Iterator
 
 from .errors import PreprocessError
@@ -49,6 +50,13 @@ def spread_evenly(items: Iterable, size: int, total: int) -> Iterator:
     for i, item in enumerate(items):
         if size >= total or (i + 1) * size // total > i * size // total:
             yield item
+
+
+def sample_option(name: str, sample: int, path: str) -> dict:
+    """``{name: sample}`` where a sample of ``sample`` lines leaves some of ``path``'s out, else
+    ``{}``: for a step's record, so that a sample no smaller than the corpus (which is the
+    corpus) leaves the step current. A missing ``path`` gives ``{}`` (the step names it)."""
+    return {name: sample} if 0 < sample and os.path.isfile(path) and sample < count_lines(path) else {}
 
 
 def count_lines(path: str) -> int:
