@@ -43,7 +43,8 @@ Only the forward direction is trained: the library's API trains both, one after 
 other, so it runs in a child process that is stopped once its log shows the forward table
 written (:func:`train`; the backward half was about 40% of the time). Decoding is per
 pair, so ``--workers N`` decodes batches of pairs in N processes forked after the table is
-read, which share it.
+read, which share it; a worker decodes its batch in one numpy computation
+(:func:`forward_links`), looking each distinct word pair up once, in order.
 
 ``--sample N`` trains on N pairs spread evenly over the corpus (every k-th, no randomness)
 and decodes every pair with that model, as ``fast_align -f TABLE`` aligns text it was not
@@ -57,6 +58,7 @@ performance page), which chose ``convs2s-align-dict``'s default.
 import argparse
 import functools
 import gc
+import itertools
 import logging
 import mmap
 import os
@@ -66,7 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -91,8 +93,10 @@ ENTRY = np.dtype([("f", "<i4"), ("p", "<f4")])
 TRAINING_PASSES = 6
 DOT_PAIRS = 1000
 CHECK_SECONDS = 0.1  # between two looks at the training's log
-# Pairs handed to a decoding worker at a time.
+# Pairs handed to a decoding worker at a time, and the most scores (t(f|e) times a prior)
+# it computes at once: some 100 MB of arrays.
 DECODE_BATCH_LINES = 2000
+DECODE_SCORES = 1_000_000
 # fast_align's t(f|e) for a pair its table lacks (ttables.h), used when the model was
 # trained on a sample: the pairs that never met in the sample.
 UNSEEN_PROBABILITY = 1e-9
@@ -111,15 +115,19 @@ class TranslationTable(NamedTuple):
     keys: np.ndarray  # e * 2**32 + f, ascending
     probs: np.ndarray
 
-    def lookup(self, source: list, target: list, missing: float = 0.0) -> np.ndarray:
-        """len(source) x len(target) matrix of t(f_j | e_i); ``missing`` for a pair the table
-        lacks: 0 for the corpus it was trained on (the export leaves out the pairs whose
-        probability underflowed to 0), :data:`UNSEEN_PROBABILITY` for other text."""
-        e = np.array([self.ids.get(w, 0) for w in source], dtype=np.int64)  # ids start at 1
-        f = np.array([self.ids.get(w, 0) for w in target], dtype=np.int64)
-        keys = (e[:, None] << 32) | f[None, :]
+    def word_ids(self, words: Iterable[str]) -> np.ndarray:
+        """The ids of ``words``; 0 (no entry) for a word the table does not know."""
+        return np.fromiter(map(self.ids.get, words, itertools.repeat(0)), dtype=np.int64)
+
+    def probabilities(self, e: np.ndarray, f: np.ndarray, missing: float = 0.0) -> np.ndarray:
+        """t(f | e) for arrays of source and target word ids (broadcast); ``missing`` for a
+        pair the table lacks: 0 for the corpus it was trained on (the export leaves out the
+        pairs whose probability underflowed to 0), :data:`UNSEEN_PROBABILITY` for other text.
+        Each distinct pair is looked up once, in ascending order: a table of millions of
+        entries is then read in order rather than at random (3x faster on 25M entries)."""
+        keys, where = np.unique((e << 32) | f, return_inverse=True)  # ascending
         at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[at] == keys, self.probs[at], missing)
+        return np.where(self.keys[at] == keys, self.probs[at], missing)[where]
 
 
 def trained_pairs(log: str) -> int:
@@ -231,30 +239,58 @@ def read_table(path: str) -> TranslationTable:
 
 @functools.lru_cache(maxsize=2048)  # the frequent pairs of lengths; some 30 MB at most
 def alignment_prior(n: int, m: int, tension: float, favor_diagonal: bool) -> tuple:
-    """(n x m prior of source position i for target position j, prior of NULL); the same
-    for every pair of these lengths, so kept for the frequent ones."""
+    """(prior of source position i for target position j, for j = 1..m and then i = 1..n,
+    as one array; prior of NULL); the same for every pair of these lengths, so kept for
+    the frequent ones. Without -d both are 1/(n+1), in single precision (the precision
+    that fast_align's t(f|e) multiplies them in)."""
     if not favor_diagonal:
-        return 1.0 / (n + 1), 1.0 / (n + 1)
+        return np.full(n * m, 1.0 / (n + 1), dtype=np.float32), np.float32(1.0 / (n + 1))
     i = np.arange(1, n + 1)[:, None] / n
     j = np.arange(1, m + 1)[None, :] / m
     prior = np.exp(-tension * np.abs(i - j))
     prior *= (1 - PROB_ALIGN_NULL) / prior.sum(axis=0)
+    prior = prior.T.ravel()
     prior.flags.writeable = False
     return prior, PROB_ALIGN_NULL
 
 
-def forward_links(source: list, target: list, table: TranslationTable, tension: float,
-                  settings: Settings, missing: float = 0.0) -> str:
-    """fast_align's forward alignment of one pair (see the module docstring); ``missing``:
-    see :meth:`TranslationTable.lookup`."""
-    n, m = len(source), len(target)
-    t = table.lookup([NULL, *source], target, missing)
-    prior, null_prior = alignment_prior(n, m, tension, settings.favor_diagonal)
-    t_null, t = t[0], t[1:]
-    scores = t * prior
-    best = scores.argmax(axis=0)  # the first maximum, as fast_align's strict '>'
-    linked = scores[best, np.arange(m)] > t_null * null_prior
-    return " ".join(f"{i}-{j}" for j, i in enumerate(best) if linked[j])
+def forward_links(pairs: list, table: TranslationTable, tension: float, settings: Settings,
+                  missing: float = 0.0) -> list:
+    """fast_align's forward alignment of each (source words, target words) of ``pairs``
+    (see the module docstring), as Pharaoh links; ``missing``: see
+    :meth:`TranslationTable.probabilities`.
+
+    The pairs are decoded together: the scores of every target position ("column": a pair
+    and its j) against NULL and every source position lie in one array, column after
+    column, and a column's link is its first maximum, as fast_align's strict '>' keeps it.
+    """
+    n = np.array([len(source) for source, _ in pairs])
+    m = np.array([len(target) for _, target in pairs])
+    pair = np.repeat(np.arange(len(pairs)), m)  # the pair of each column
+    j = np.arange(len(pair)) - np.repeat(np.cumsum(m) - m, m)  # its target position, from 0
+    rows = n[pair] + 1  # a column scores NULL (i = 0) and then the n source words
+    column = np.repeat(np.arange(len(pair)), rows)  # the column of each score
+    i = np.arange(len(column)) - np.repeat(np.cumsum(rows) - rows, rows)
+    e = table.word_ids(word for source, _ in pairs for word in (NULL, *source))
+    f = table.word_ids(word for _, target in pairs for word in target)
+    null_in_e = (np.cumsum(n + 1) - (n + 1))[pair]
+    t = table.probabilities(e[null_in_e[column] + i], f[column], missing)
+    priors = [alignment_prior(a, b, tension, settings.favor_diagonal)
+              for a, b in zip(n.tolist(), m.tolist())]
+    null_prior = priors[0][1] if settings.favor_diagonal else np.array([p for _, p in priors])[pair]
+    scores = t[i > 0] * np.concatenate([prior for prior, _ in priors])
+    word_column = column[i > 0]
+    starts = np.cumsum(rows - 1) - (rows - 1)  # each column's first score in scores
+    best_score = np.maximum.reduceat(scores, starts)
+    hits = np.flatnonzero(scores == best_score[word_column])
+    first = np.ones(len(hits), dtype=bool)  # the first maximum of each column
+    first[1:] = word_column[hits[1:]] != word_column[hits[:-1]]
+    best = hits[first] - starts
+    linked = np.flatnonzero(best_score > t[i == 0] * null_prior)
+    links = [[] for _ in pairs]
+    for p, i, k in zip(pair[linked].tolist(), best[linked].tolist(), j[linked].tolist()):
+        links[p].append(f"{i}-{k}")
+    return [" ".join(line) for line in links]
 
 
 def split_pair(line: str) -> tuple:
@@ -269,16 +305,20 @@ _decoder = {}
 
 
 def _decode(batch: tuple) -> list:
-    """The links of a batch of ``(first line number, lines)``."""
+    """The links of a batch of ``(first line number, lines)``, decoded in chunks of at most
+    :data:`DECODE_SCORES` scores (one, whatever its size, for a long pair)."""
     first, lines = batch
-    links = []
+    links, chunk, scores = [], [], 0
     for number, line in enumerate(lines, first):
         source, target = split_pair(line)
         if not source or not target:
             raise ValueError(f"{_decoder['corpus']}, line {number}: a side is empty")
-        links.append(forward_links(source, target, _decoder["table"], _decoder["tension"],
-                                   _decoder["settings"], _decoder["missing"]))
-    return links
+        if chunk and scores + (len(source) + 1) * len(target) > DECODE_SCORES:
+            links += forward_links(chunk, **_decoder["model"])
+            chunk, scores = [], 0
+        chunk.append((source, target))
+        scores += (len(source) + 1) * len(target)
+    return links + forward_links(chunk, **_decoder["model"])
 
 
 def numbered_batches(path: str, size: int = DECODE_BATCH_LINES) -> Iterator[tuple]:
@@ -304,8 +344,8 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
                 kept.writelines(spread_evenly(lines, sample, total))
         table_path, tension = train(training, workdir, settings)
         table = read_table(table_path)
-    _decoder.update(corpus=corpus, table=table, tension=tension, settings=settings,
-                    missing=missing)
+    _decoder.update(corpus=corpus, model=dict(table=table, tension=tension, settings=settings,
+                                              missing=missing))
     gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
     progress = Progress("align", total, unit="pairs", log=logger)
     try:

@@ -12,12 +12,14 @@ from itertools import islice
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pytest
 
 from conftest import DATA, ROOT
-from convs2s_preprocess.align import (FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX, Aligner,
-                              aligned_pairs, build_align_dict, candidate_lines, count_links,
-                              find_aligner, most_frequent, ranked_candidates, write_aligner_input)
+from convs2s_preprocess.align import (COUNT_BATCH_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
+                              Aligner, aligned_pairs, build_align_dict, candidate_lines, count_corpus_links,
+                              count_links, find_aligner, most_frequent, ranked_candidates,
+                              write_aligner_input)
 from convs2s_preprocess import fastalign
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
@@ -78,6 +80,35 @@ def test_alignment_output_must_fit_the_pairs():
         count_links(pairs, ["0-0 2-1"])
     with pytest.raises(PreprocessError, match="differ in length"):
         count_links(pairs, ["0-0", "0-0"])
+
+
+@needs_reference
+@pytest.mark.parametrize("partitions", [1, 7])
+def test_counting_in_workers_and_partitions_gives_the_binarys_dictionary(tmp_path, partitions):
+    """A corpus' links are counted by workers, split by source word into partitions that
+    are summed apart and merged: from the fast_align binary's own links of Multi30k, the
+    dictionary is the one its README built from them, and the candidates are those of
+    counting everything in one process, whatever the number of partitions."""
+    out, candidates = tmp_path / "align.dict", tmp_path / "candidates"
+    count_corpus_links(str(REFERENCE / "corpus.en-de"), str(REFERENCE / "forward.links"), str(tmp_path),
+                       2, str(out), str(candidates), partitions)
+    assert out.read_bytes() == (REFERENCE / "align.dict").read_bytes()
+    counts = count_links(_reference_pairs(), read_lines(str(REFERENCE / "forward.links")))
+    assert candidates.read_text(encoding="utf-8").splitlines() == list(candidate_lines(counts))
+
+
+def test_aligner_output_that_does_not_fit_names_its_line_in_any_batch(tmp_path):
+    """The errors of the links counted in workers name the line in the whole file, past the
+    first batch too."""
+    corpus = write(tmp_path / "corpus", [f"a b {SEPARATOR} c d"] * (COUNT_BATCH_LINES + 5))
+    line = COUNT_BATCH_LINES + 3
+    links = ["0-0 1-1"] * (COUNT_BATCH_LINES + 5)
+    links[line - 1] = "0-0 2-1"
+    with pytest.raises(PreprocessError, match=f"alignment line {line} .* does not fit"):
+        count_corpus_links(corpus, write(tmp_path / "bad", links), str(tmp_path), 2, str(tmp_path / "out"))
+    with pytest.raises(PreprocessError, match=f"differ in length \\(from line {line} on\\)"):
+        count_corpus_links(corpus, write(tmp_path / "short", links[:line - 1]), str(tmp_path), 2,
+                           str(tmp_path / "out"))
 
 
 def test_separator_and_empty_pairs_are_left_out_in_sync(tmp_path):
@@ -294,6 +325,42 @@ def _occurrence_agreement(pairs: list, ours: dict, reference: dict) -> float:
     occurrences = Counter(word for src, _ in pairs for word in src)
     same = sum(n for word, n in occurrences.items() if ours.get(word) == reference.get(word))
     return same / sum(occurrences.values())
+
+
+def _one_pair_decision(source: list, target: list, table, tension: float, settings, missing: float) -> str:
+    """fast_align's forward decision as its module docstring writes it, one pair at a time."""
+    n, m = len(source), len(target)
+    e, f = table.word_ids([fastalign.NULL, *source]), table.word_ids(target)
+    t = np.array([[table.probabilities(np.array([a]), np.array([b]), missing)[0] for b in f] for a in e])
+    if settings.favor_diagonal:
+        prior = np.exp(-tension * np.abs(np.arange(1, n + 1)[:, None] / n - np.arange(1, m + 1)[None, :] / m))
+        prior *= (1 - fastalign.PROB_ALIGN_NULL) / prior.sum(axis=0)
+        null_prior = fastalign.PROB_ALIGN_NULL
+    else:
+        prior = null_prior = np.float32(1 / (n + 1))
+    scores = t[1:] * prior
+    best = scores.argmax(axis=0)
+    return " ".join(f"{best[j]}-{j}" for j in range(m) if scores[best[j], j] > t[0, j] * null_prior)
+
+
+@pytest.mark.parametrize("favor_diagonal", [True, False])
+@pytest.mark.parametrize("missing", [0.0, fastalign.UNSEEN_PROBABILITY])
+def test_decoding_pairs_together_is_the_decision_pair_by_pair(favor_diagonal, missing):
+    """Decoding a batch of pairs in one array gives every pair the links of its own
+    decision: a random table (equal probabilities included, and pairs it lacks), pairs of
+    1 to 12 words with words it does not know."""
+    rng = np.random.default_rng(0)
+    words = [fastalign.NULL, *(f"w{k}" for k in range(30))]
+    ids = {word: number for number, word in enumerate(words, 1)}
+    keys = np.unique(rng.integers(1, len(words) + 1, (400, 2)), axis=0)
+    table = fastalign.TranslationTable(ids, (keys[:, 0] << 32) | keys[:, 1],
+                                       rng.choice([0.5, 0.25, 0.1, 1e-3], len(keys)).astype(np.float32))
+    vocabulary = [*words[1:], "unknown"]
+    pairs = [tuple(list(rng.choice(vocabulary, rng.integers(1, 13))) for _ in range(2)) for _ in range(300)]
+    settings = fastalign.Settings(favor_diagonal, True, True)
+    links = fastalign.forward_links(pairs, table, 5.5, settings, missing)
+    assert links == [_one_pair_decision(*pair, table, 5.5, settings, missing) for pair in pairs]
+    assert sum(map(len, links)) > 1000 and links.count("") < 30
 
 
 def _library_links(corpus: Path, *options: str) -> list:

@@ -66,11 +66,13 @@ def test_a_pair_the_sampled_table_lacks_gets_fast_aligns_missing_probability():
                                        keys=np.array([(2 << 32) | 3], dtype=np.int64),
                                        probs=np.array([0.5], dtype=np.float32))
     settings = fastalign.Settings(True, True, True)
-    assert table.lookup(["a", "zzz"], ["b", "yyy"]).tolist() == [[0.5, 0.0], [0.0, 0.0]]
+    e, f = table.word_ids(["a", "zzz"])[:, None], table.word_ids(["b", "yyy"])[None, :]
+    assert table.probabilities(e, f).tolist() == [[0.5, 0.0], [0.0, 0.0]]
     unseen = fastalign.UNSEEN_PROBABILITY
-    assert table.lookup(["a"], ["yyy"], unseen).tolist() == [[pytest.approx(unseen)]]
-    assert fastalign.forward_links(["zzz"], ["yyy"], table, 4.0, settings, unseen) == "0-0"
-    assert fastalign.forward_links(["zzz"], ["yyy"], table, 4.0, settings) == ""
+    assert table.probabilities(e, f, unseen)[0, 1] == pytest.approx(unseen)
+    pairs = [(["zzz"], ["yyy"]), (["a", "zzz"], ["b", "yyy"])]
+    assert fastalign.forward_links(pairs, table, 4.0, settings, unseen) == ["0-0", "0-0 1-1"]
+    assert fastalign.forward_links(pairs, table, 4.0, settings) == ["", "0-0"]
 
 
 def _reference_pairs(tmp_path, n):
