@@ -21,7 +21,13 @@ extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 core
   (learning BPE's merges and fast_align's training run on one core), and its time on c
   cores is cpu * (s + (1 - s) / c): ideal scaling of the parallel part, an optimistic bound;
 - peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
-  rough guide only.
+  rough guide only;
+- our alignment dictionary apart: fast_align's model is trained on at most
+  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (logged, one thread) is extrapolated to
+  that many pairs at most, and the rest, decoding and counting, in proportion to the pairs
+  from the largest size measured: each pair is decoded and counted on its own with a
+  table whose size stops growing with the sample (a fit over the sizes would read the
+  built corpus' pairs, longer after the first pass, as growth).
 
 Each stage's fixed costs (starting Python, importing fairseq) are measured on a corpus of
 :data:`FIXED_PAIRS` pairs and taken off before the fit (and added back once).
@@ -312,7 +318,7 @@ def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
     Our alignment dictionary trains fast_align's model on at most
     ``DEFAULT_TRAIN_SAMPLE`` pairs: its training time (logged, one thread) is extrapolated
     to min(pairs, that sample) on one core, its memory likewise, and the rest (decoding and
-    counting, every pair) as a stage of its own.
+    counting, every pair) in proportion to the pairs (see the module docstring).
     """
     sizes = sorted(runs, key=int)
     table = {}
@@ -330,7 +336,7 @@ def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
                 cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
                 ta, tb = _fit([int(n) for n in ns], [max(t, 1e-3) for t in train], 0.5, 2.0)
-            a, b = _fit([int(n) for n in ns], cpu, 0.5, 2.0)
+            a, b = _fit([int(n) for n in ns], cpu, *((1.0, 1.0) if capped else (0.5, 2.0)))
             ma, mb = _fit([int(n) for n in ns], [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
             s = serial_fraction("align dict less training" if capped else stage, wall[-1], cpu[-1], workers)
             for pairs, cores in TARGETS:

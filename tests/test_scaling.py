@@ -7,6 +7,7 @@ import pytest
 
 from bench.scaling import FIXED_PAIRS, STAGES, base_pairs, build_corpus, extrapolate
 from conftest import DATA, ROOT
+from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 
 needs_data = pytest.mark.skipif(not (DATA / "multi30k").is_dir() or not (DATA / "wmt14-en-de").is_dir(),
                                 reason=f"Multi30k or WMT14 en-de not found under {DATA}")
@@ -45,6 +46,19 @@ def test_extrapolation_follows_the_fit_and_amdahl():
     assert tokenize["36000000x32"]["hours"] == pytest.approx((1 + 36_000 / 32) / 3600, rel=1e-6)
     assert bpe["36000000x32"]["hours"] == pytest.approx((1 + 36_000) / 3600, rel=1e-6)
     assert tokenize["4500000x2"]["peak_gib"] > 4 * 50 / 1024  # memory that grew with the corpus
+
+
+def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion():
+    """Our alignment dictionary: fast_align's training (logged) stops growing at the
+    default sample; decoding and counting grow with the pairs from the largest size
+    measured, even where the sizes measured grew faster (the built corpus' longer pairs)."""
+    fixed = {"ours": {"align dict": {**_stage(1.0, 1.0), "train_s": 0}}, "reference": {}}
+    runs = {str(n): {"ours": {"align dict": {**_stage(1 + train + rest / 2, 1 + train + rest), "train_s": train}},
+                     "reference": {}}
+            for n, train, rest in ((100_000, 100, 30), (500_000, 1000, 300))}
+    hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
+    assert DEFAULT_TRAIN_SAMPLE == 500_000  # the training at 36M is the one measured at 500k
+    assert hours == pytest.approx((1 + 1000 + 300 * 72 / 2) / 3600, rel=1e-6)
 
 
 @pytest.mark.slow
