@@ -1,0 +1,50 @@
+"""binarize's own reading and encoding against fairseq's, on the lines where they could part:
+whitespace that is not a space, empty lines, CRLF, words spelled like special symbols."""
+from pathlib import Path
+
+from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
+from fairseq.tasks.translation import TranslationTask
+
+from convs2s_preprocess.binarize import LOG_FILE, binarize
+
+# Every kind of whitespace str.split and fairseq's tokenize_line know, and none that ends a line
+# for fairseq's reader but \n (\x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029 end one for
+# str.splitlines).
+SPACES = "\t\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+TRAIN = ["a man rides a horse", "", "   ", f"a{SPACES}dog runs{SPACES}", "ein Mann\r",
+         "</s> <unk> <pad> <s>", "ein\u3000Hund läuft\tschnell"]
+VALID = ["a cat rides a unicorn", "<unk> zebra zebra", "", "ein\x85Pferd\u2028läuft",
+         "a\r\nhorse"]  # no \n after the last line
+
+
+def test_binarize_unusual_lines_as_fairseq(tmp_path: Path):
+    for split, lines in (("train", TRAIN), ("valid", VALID)):
+        for lang, side in (("en", lines), ("de", lines[::-1])):
+            text = "\n".join(side) + ("\n" if split == "train" else "")
+            (tmp_path / f"{split}.{lang}").write_bytes(text.encode("utf-8"))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    vocab = TranslationTask.build_dictionary([str(tmp_path / "train.en"), str(tmp_path / "train.de")],
+                                             threshold=0, padding_factor=8)
+    vocab.save(str(ref / "dict.txt"))
+    summaries = []
+    for lang in ("en", "de"):
+        for split in ("train", "valid"):
+            in_path = str(tmp_path / f"{split}.{lang}")
+            summary = FileBinarizer.multiprocess_dataset(
+                in_path, "mmap", VocabularyDatasetBinarizer(vocab, append_eos=True),
+                str(ref / f"{split}.en-de.{lang}"), vocab_size=len(vocab))
+            summaries.append(f"[{lang}] {in_path}: {summary} (by <unk>)")
+    assert "0.0% replaced" not in summaries[1]  # zebra, cat and unicorn, not <unk>
+
+    for workers in (1, 3):
+        out = tmp_path / f"workers{workers}"
+        binarize(str(out), "en", "de", trainpref=str(tmp_path / "train"),
+                 validpref=str(tmp_path / "valid"), workers=workers)
+        assert (out / LOG_FILE).read_text().splitlines() == summaries
+        for lang in ("en", "de"):
+            assert (out / f"dict.{lang}.txt").read_bytes() == (ref / "dict.txt").read_bytes()
+            for split in ("train", "valid"):
+                for ext in ("bin", "idx"):
+                    name = f"{split}.en-de.{lang}.{ext}"
+                    assert (out / name).read_bytes() == (ref / name).read_bytes(), (workers, name)
