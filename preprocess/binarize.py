@@ -38,13 +38,13 @@ count every word again before reusing anything unless the dictionary were kept t
 import logging
 import os
 import shutil
-from collections import Counter
+from collections import Counter, deque
 from typing import Iterator, List, Optional
 
 from .errors import PreprocessError
 from .parallel import map_batches
 from .progress import Progress
-from .textio import count_lines
+from .textio import count_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,12 @@ def _text_blocks(path: str, start: int, end: int) -> Iterator[str]:
             block = f.read(min(BLOCK_BYTES, end - f.tell()))
             if f.tell() < end:
                 block += f.readline()
-            yield block.decode("utf-8")
+            try:
+                text = block.decode("utf-8")
+            except UnicodeDecodeError:  # read_lines names the line and the fix
+                deque(read_lines(path), maxlen=0)
+                raise
+            yield text
 
 
 def _count_words(task: tuple) -> Counter:

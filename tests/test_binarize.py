@@ -2,10 +2,13 @@
 whitespace that is not a space, empty lines, CRLF, words spelled like special symbols."""
 from pathlib import Path
 
+import pytest
+
 from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
 from fairseq.tasks.translation import TranslationTask
 
 from convs2s_preprocess.binarize import LOG_FILE, binarize
+from convs2s_preprocess.errors import PreprocessError
 
 # Every kind of whitespace str.split and fairseq's tokenize_line know, and none that ends a line
 # for fairseq's reader but \n (\x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029 end one for
@@ -48,3 +51,10 @@ def test_binarize_unusual_lines_as_fairseq(tmp_path: Path):
                 for ext in ("bin", "idx"):
                     name = f"{split}.en-de.{lang}.{ext}"
                     assert (out / name).read_bytes() == (ref / name).read_bytes(), (workers, name)
+
+
+def test_text_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
+    (tmp_path / "train.en").write_bytes(b"a man\nrides a horse\n")
+    (tmp_path / "train.de").write_bytes(b"ein Mann\nreitet ein Pferd \xe4\n")
+    with pytest.raises(PreprocessError, match=r"train\.de, line 2: not valid UTF-8"):
+        binarize(str(tmp_path / "out"), "en", "de", trainpref=str(tmp_path / "train"), workers=2)
