@@ -16,9 +16,9 @@ What is ours: reading, counting and encoding. fairseq's do it a word at a time i
 (``Counter.update([word])``, ``Dictionary.encode_line`` with a method call and a tensor
 write per word, a text-mode ``tell()`` per line); here whole blocks of lines are split by
 ``str.split`` (which splits where fairseq's ``tokenize_line`` does) and counted by
-``Counter`` or looked up in the dictionary's ``dict``. For 500,000 pairs that is 17
-CPU-seconds against ``fairseq-preprocess``'s 166, 9 of each being the import of fairseq and
-torch (AMD EPYC, 2 cores, shared with other jobs). The chunks are byte ranges of whole lines
+``Counter`` or looked up in the dictionary's ``dict``. For 500,000 built pairs that is 33
+CPU-seconds against ``fairseq-preprocess``'s 307, some 9 of each being the import of fairseq
+and torch (``bench.scaling``, docs/performance.md). The chunks are byte ranges of whole lines
 in ``workers`` processes (``fairseq-preprocess --workers 2`` leaves one idle), written to
 files that this process concatenates in order.
 

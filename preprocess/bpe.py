@@ -34,12 +34,18 @@ COUNT_BATCH_LINES = 50000
 SEGMENT_BATCH_WORDS = 5000
 
 
+def _words(line: str) -> list:
+    """The words of a line as subword-nmt splits it, learning (``get_vocabulary``) and
+    applying (``BPE.segment``) alike; empty ones left in."""
+    return line.strip("\r\n ").split(" ")
+
+
 def _count_words(lines: list) -> tuple:
     """(number of lines, word counts of the lines), split as subword-nmt's
     ``get_vocabulary`` splits them, in order of first occurrence."""
     counts = Counter()
     for line in lines:
-        counts.update(filter(None, line.strip("\r\n ").split(" ")))  # counted in C
+        counts.update(filter(None, _words(line)))  # counted in C
     return len(lines), counts
 
 
@@ -100,11 +106,6 @@ def _load_codes(codes_path: str) -> BPE:
 def apply_bpe(line: str, codes_path: str) -> str:
     """Segment one tokenized line with the codes in ``codes_path``."""
     return _load_codes(codes_path).segment(line)
-
-
-def _words(line: str) -> list:
-    """The words of a line as subword-nmt's ``BPE.segment`` splits it (empty ones left in)."""
-    return line.strip("\r\n ").split(" ")
 
 
 def _distinct_words(lines: list) -> tuple:
