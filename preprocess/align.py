@@ -72,7 +72,7 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 from .atomic import run_step
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
-from .parallel import available_cores, batched, map_batches
+from .parallel import available_cores, map_batches, numbered_batches
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
 from .textio import check_parallel, count_lines, read_lines, sample_option, write_lines
@@ -219,14 +219,19 @@ def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: st
                               f"  {shlex.join(cmd)}\n{tail}")
 
 
+def lengths_differ(number: int) -> PreprocessError:
+    """The error of an aligner output that ends before its input, or after it, at line ``number``."""
+    return PreprocessError(f"the aligner's output and its input differ in length "
+                           f"(from line {number} on)")
+
+
 def count_links(pairs: Iterable[tuple], alignments: Iterable[str], first: int = 1) -> dict:
     """Count (source word, target word) over all links: {source: Counter(target: n)};
     ``first``: the number of the first pair, for the errors."""
     counts = defaultdict(Counter)
     for number, (pair, links) in enumerate(zip_longest(pairs, alignments), first):
         if pair is None or links is None:
-            raise PreprocessError(f"the aligner's output and its input differ in length "
-                                  f"(from line {number} on)")
+            raise lengths_differ(number)
         src, tgt = pair
         try:
             for link in links.split():
@@ -291,12 +296,10 @@ def link_batches(corpus_path: str, links_path: str, partitions: int) -> Iterator
     """(first line number, aligner input lines, their links, partitions) for consecutive
     batches of :data:`COUNT_BATCH_LINES` lines."""
     pairs = zip_longest(read_lines(corpus_path), read_lines(links_path))
-    for index, batch in enumerate(batched(pairs, COUNT_BATCH_LINES)):
-        first = 1 + index * COUNT_BATCH_LINES
+    for first, batch in numbered_batches(pairs, COUNT_BATCH_LINES):
         for number, (line, links) in enumerate(batch, first):
             if line is None or links is None:  # one file ended before the other
-                raise PreprocessError(f"the aligner's output and its input differ in length "
-                                      f"(from line {number} on)")
+                raise lengths_differ(number)
         yield (first, *zip(*batch), partitions)
 
 

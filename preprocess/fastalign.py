@@ -68,11 +68,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from .parallel import batched, map_batches
+from .parallel import map_batches, numbered_batches
 from .processes import die_with_parent
 from .progress import Progress
 from .textio import count_lines, spread_evenly
@@ -321,13 +321,6 @@ def _decode(batch: tuple) -> list:
     return links + forward_links(chunk, **_decoder["model"])
 
 
-def numbered_batches(path: str, size: int = DECODE_BATCH_LINES) -> Iterator[tuple]:
-    """(number of the first line, lines) for consecutive batches of the lines of ``path``."""
-    with open(path, encoding="utf-8") as lines:
-        for index, batch in enumerate(batched(lines, size)):
-            yield 1 + index * size, batch
-
-
 def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 0) -> None:
     """Write the forward links of every line of ``corpus`` to ``out``; the lines are decoded
     in ``workers`` processes (the training is on one thread whatever ``workers`` is, so the
@@ -349,9 +342,10 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
     gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
     progress = Progress("align", total, unit="pairs", log=logger)
     try:
-        for links in map_batches(_decode, numbered_batches(corpus), workers):
-            out.write("".join(line + "\n" for line in links))
-            progress.update(len(links))
+        with open(corpus, encoding="utf-8") as lines:
+            for links in map_batches(_decode, numbered_batches(lines, DECODE_BATCH_LINES), workers):
+                out.write("".join(line + "\n" for line in links))
+                progress.update(len(links))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     progress.finish()

@@ -77,6 +77,13 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+def numbered_batches(items: Iterable, size: int) -> Iterator[tuple]:
+    """(number of its first item, from 1; the batch) for :func:`batched`'s batches, so that
+    a worker's errors can name the line of the whole file."""
+    for index, batch in enumerate(batched(items, size)):
+        yield 1 + index * size, batch
+
+
 def _context():
     """Forked workers: they share what this process holds (the aligner's table), which
     Python 3.14's default on Linux, forkserver, would not give them."""
