@@ -123,15 +123,16 @@ def _distinct_words(lines: list) -> tuple:
     return len(lines), words
 
 
-def _segment_words(words: list, codes_path: str) -> list:
-    """``BPE.segment(word)`` of each word, or None where it is the word unsplit."""
+def _segment_words(words: list, codes_path: str) -> tuple:
+    """(number of ``words``, {word: ``BPE.segment(word)``} of those the codes split)."""
     bpe = _load_codes(codes_path)
-    segmented = []
+    split = {}
     for word in words:
         units = bpe.segment_tokens([word])
-        segmented.append(None if units == [word] else " ".join(units))
+        if units != [word]:
+            split[word] = " ".join(units)
     bpe.cache.clear()  # every word comes once: its cache would only hold them all again
-    return segmented
+    return len(words), split
 
 
 # What :func:`_segment_known` looks words up in: the segmentation of every word of the file
@@ -169,10 +170,9 @@ def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> d
     split = {}
     _load_codes(codes_path)  # read once, before the workers fork
     segment = functools.partial(_segment_words, codes_path=codes_path)
-    for batch, segmented in zip(batched(words, SEGMENT_BATCH_WORDS),
-                                map_batches(segment, batched(words, SEGMENT_BATCH_WORDS), workers)):
-        split.update((word, units) for word, units in zip(batch, segmented) if units is not None)
-        progress.update(len(batch))
+    for done, batch_split in map_batches(segment, batched(words, SEGMENT_BATCH_WORDS), workers):
+        split.update(batch_split)
+        progress.update(done)
     progress.finish()
     return split
 
