@@ -85,24 +85,6 @@ class Progress:
         self.log.info("%s in %s", self.report(), _duration(time.monotonic() - self.start))
 
 
-class CountingWriter:
-    """A text file wrapper that counts the lines written through it as progress.
-
-    For library code that writes one line per unit of work (subword-nmt writes one merge
-    per line) but reports its progress only as a terminal bar.
-    """
-
-    def __init__(self, file, progress: Progress, header_lines: int = 0):
-        self.file, self.progress, self.header = file, progress, header_lines
-
-    def write(self, text: str) -> int:
-        lines = text.count("\n")
-        skipped = min(lines, self.header)
-        self.header -= skipped
-        self.progress.update(lines - skipped)
-        return self.file.write(text)
-
-
 @contextlib.contextmanager
 def watching(path: str, on_text: Callable[[str], None]) -> Iterator[None]:
     """While the block runs, call ``on_text`` every :data:`POLL` seconds (and once at its

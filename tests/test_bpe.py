@@ -1,11 +1,16 @@
-"""apply_bpe_file segments each distinct word once and maps the lines with lookups in a table
+"""learn_joint_bpe learns subword-nmt's codes with a faster search for the most frequent pair,
+and apply_bpe_file segments each distinct word once and maps the lines with lookups in a table
 that forked workers share: its output must be subword-nmt's ``BPE.segment`` of every line,
 byte for byte, on real text and on lines that a plausible shortcut would get wrong (two
 spaces in a row, leading and trailing spaces, carriage returns, empty lines, whitespace
 that is not a space, one-character words). Real subword-nmt, no mocks.
 """
+import contextlib
+import io
+
 import pytest
 from subword_nmt.apply_bpe import BPE
+from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import DATA
 from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
@@ -50,3 +55,38 @@ def test_apply_bpe_file_is_subword_nmts_segment_of_every_line(corpus, tmp_path, 
     got = out.read_bytes()
     assert got.split(b"\n") == expected.split(b"\n")  # shows the first line that differs
     assert got.count(b"@@ ") > LINES  # the codes split words: the table is used
+
+
+@pytest.mark.parametrize("lines, merges", [(2000, 3000), (300, 100000)])
+def test_learned_codes_are_subword_nmts(tmp_path, lines, merges):
+    """The merge loop keeps subword-nmt's helpers and pruning but files the pairs by frequency
+    instead of reading them all for each merge: the codes must still be subword-nmt's, line
+    for line. 2000 lines and 3000 merges go through a rebuild of the pruned statistics;
+    300 lines run out of pairs that occur twice, through many ties (largest pair first)."""
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found under {DATA}")
+    text = []
+    for lang in ("en", "de"):
+        with open(MULTI30K / f"train.{lang}", encoding="utf-8") as f:
+            text += [line for _, line in zip(range(lines), f)]
+    text += [line + "\n" for line in HOSTILE + ["x \rword \r\rword \rword"]] * 3
+    path, codes, reference = tmp_path / "text", tmp_path / "codes", io.StringIO()
+    path.write_bytes("".join(text).encode("utf-8"))
+    with contextlib.redirect_stderr(io.StringIO()):
+        learn_bpe(text, reference, merges)
+
+    learn_joint_bpe([str(path)], str(codes), merges)
+
+    assert codes.read_bytes().decode("utf-8").split("\n") == reference.getvalue().split("\n")
+    assert reference.getvalue().count("\n") > 2000
+
+
+def test_codes_of_words_without_pairs_are_empty(tmp_path):
+    """Words of one character have no pair to merge: subword-nmt's learn_bpe fails on them
+    (max() of nothing); the codes are the header alone."""
+    path, codes = tmp_path / "text", tmp_path / "codes"
+    path.write_text("a b\nc\n\n", encoding="utf-8")
+
+    learn_joint_bpe([str(path)], str(codes), 10)
+
+    assert codes.read_text(encoding="utf-8") == "#version: 0.2\n"
