@@ -50,7 +50,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "convs2s-user-dir = fairseq_convs2s_ext.cli.user_dir:main",
+            "convs2s-user-dir = convs2s_recipes.user_dir:main",
             "convs2s-prepare = convs2s_preprocess.pipeline:main",
             "convs2s-align-dict = convs2s_preprocess.align:main",
             "convs2s-postprocess = convs2s_preprocess.postprocess:main",

@@ -17,7 +17,6 @@ import time
 import weakref
 
 import torch
-from torch._dynamo.utils import counters
 
 logger = logging.getLogger(__name__)
 
@@ -56,4 +55,5 @@ class CompiledModels:
 
 def graphs_compiled() -> int:
     """How many graphs torch.compile has made in this process."""
+    from torch._dynamo.utils import counters  # imported here: torch._dynamo takes 2 s to import
     return counters["stats"]["unique_graphs"]

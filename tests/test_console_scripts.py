@@ -71,3 +71,22 @@ def test_recipe_prints_the_installed_config_folder():
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.split() == [CONFIG_DIR, "IMPORTED", "False"]
     assert {"paper.yaml", "recipe"} <= {p.name for p in Path(CONFIG_DIR).iterdir()}
+
+
+def test_user_dir_is_printed_without_importing_the_plugin():
+    """`$(convs2s-user-dir)` runs in front of fairseq commands: it finds the plugin's folder
+    without importing it (the import loads torch and fairseq: 5 to 8 s on 2 cores)."""
+    code = ("import sys\nfrom convs2s_recipes.user_dir import main\nmain([])\n"
+            "print('IMPORTED', 'torch' in sys.modules, 'fairseq' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd="/", text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == [str(ROOT / "fairseq_convs2s_ext"), "IMPORTED", "False", "False"]
+
+
+def test_the_plugin_imports_torch_compile_only_where_used():
+    """torch._dynamo takes about 2 s to import: every fairseq command that loads the plugin
+    would pay it, while only --compile needs it."""
+    code = "import sys, fairseq_convs2s_ext\nprint('IMPORTED', 'torch._dynamo' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["IMPORTED", "False"]
