@@ -10,9 +10,10 @@ import functools
 import heapq
 import itertools
 import logging
+import math
 import re
 from collections import Counter, defaultdict
-from typing import Sequence
+from typing import Optional, Sequence
 
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, prune_stats, replace_pair, update_pair_statistics
@@ -75,15 +76,19 @@ def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Coun
 
 class PairFrequencies(defaultdict):
     """subword-nmt's pair frequencies, a ``defaultdict(int)`` its helpers change in place,
-    that also file each pair under its frequency, so that the most frequent pair is found
-    without reading every pair (subword-nmt's ``max`` over them all, with a Python key, was
-    two thirds of its learning time)."""
+    that also file each pair at least as frequent as ``threshold`` under its frequency, so
+    that the most frequent pair is found without reading every pair (subword-nmt's ``max``
+    over them all, with a Python key, was two thirds of its learning time). The pairs below
+    the threshold are not filed: when the most frequent pair is one of them, subword-nmt
+    goes back to every pair's frequency anyway."""
 
-    def __init__(self, frequencies: dict):
+    def __init__(self, frequencies: dict, threshold: float = -math.inf):
         super().__init__(int)
+        self.threshold = threshold
         self.pairs_by_frequency = defaultdict(set)
         for pair, frequency in frequencies.items():
-            self.pairs_by_frequency[frequency].add(pair)
+            if frequency >= threshold:
+                self.pairs_by_frequency[frequency].add(pair)
         dict.update(self, frequencies)
         self.heap = [-frequency for frequency in self.pairs_by_frequency]  # lazily pruned
         heapq.heapify(self.heap)
@@ -92,9 +97,10 @@ class PairFrequencies(defaultdict):
         if pair in self:
             self._unfile(pair)
         super().__setitem__(pair, frequency)
-        if frequency not in self.pairs_by_frequency:
-            heapq.heappush(self.heap, -frequency)
-        self.pairs_by_frequency[frequency].add(pair)
+        if frequency >= self.threshold:
+            if frequency not in self.pairs_by_frequency:
+                heapq.heappush(self.heap, -frequency)
+            self.pairs_by_frequency[frequency].add(pair)
 
     def __delitem__(self, pair: tuple) -> None:
         self._unfile(pair)
@@ -102,17 +108,19 @@ class PairFrequencies(defaultdict):
 
     def _unfile(self, pair: tuple) -> None:
         frequency = self[pair]
-        pairs = self.pairs_by_frequency[frequency]
-        pairs.discard(pair)
-        if not pairs:
-            del self.pairs_by_frequency[frequency]
+        if frequency >= self.threshold:
+            pairs = self.pairs_by_frequency[frequency]
+            pairs.discard(pair)
+            if not pairs:
+                del self.pairs_by_frequency[frequency]
 
-    def most_frequent(self) -> tuple:
-        """subword-nmt's ``max(stats, key=lambda pair: (stats[pair], pair))``: the most
-        frequent pair and, of equally frequent ones, the largest."""
-        while -self.heap[0] not in self.pairs_by_frequency:
+    def most_frequent(self) -> Optional[tuple]:
+        """subword-nmt's ``max(stats, key=lambda pair: (stats[pair], pair))``, the most
+        frequent pair and, of equally frequent ones, the largest, where it is at least as
+        frequent as the threshold; else None."""
+        while self.heap and -self.heap[0] not in self.pairs_by_frequency:
             heapq.heappop(self.heap)
-        return max(self.pairs_by_frequency[-self.heap[0]])
+        return max(self.pairs_by_frequency[-self.heap[0]]) if self.heap else None
 
 
 def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_frequency: int = 2) -> None:
@@ -129,18 +137,18 @@ def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_fr
     big_stats, indices = get_pair_statistics(vocab)
     if not big_stats:  # no word of two characters: nothing to merge (subword-nmt fails on max())
         return
-    stats = PairFrequencies(big_stats)
     # threshold is inspired by Zipfian assumption, but should only affect speed (subword-nmt)
-    threshold = max(stats.values()) / 10
+    threshold = max(big_stats.values()) / 10
+    stats = PairFrequencies(big_stats, threshold)
     for i in range(merges):
-        if stats:
-            most_frequent = stats.most_frequent()
-        if not stats or (i and stats[most_frequent] < threshold):  # maybe a pruned pair is the most frequent
+        most_frequent = stats.most_frequent()
+        if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
             prune_stats(stats, big_stats, threshold)
             stats = PairFrequencies(big_stats)
             most_frequent = stats.most_frequent()
             threshold = stats[most_frequent] * i / (i + 10000.0)
             prune_stats(stats, big_stats, threshold)
+            stats.threshold = threshold  # prune_stats left only the pairs at least this frequent
         if stats[most_frequent] < min_frequency:
             logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
             break
