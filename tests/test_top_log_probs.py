@@ -60,6 +60,26 @@ def test_another_install_of_the_same_source_uses_the_built_kernel(tmp_path):
 
 
 @needs_kernel
+def test_the_ninja_package_builds_whatever_path_holds(tmp_path):
+    """torch runs the ninja it finds first on PATH. A system ninja and the environment's own
+    (first on PATH where the environment is activated) hash the build command differently,
+    so taking turns each rebuilt the kernel the other had built (45 s). The ninja package's
+    is always the one run: another put first on PATH is not, and nothing is compiled again."""
+    top_log_probs.load()
+    build = top_log_probs.build_directory(CAPABILITY)
+    library = max(build.glob("*.so"), key=lambda path: path.stat().st_mtime)
+    built = library.stat().st_mtime_ns
+    other = tmp_path / "bin" / "ninja"
+    other.parent.mkdir()
+    other.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\nexit 1\n")
+    other.chmod(0o755)
+    in_python("from fairseq_convs2s_ext.generation import top_log_probs\nassert top_log_probs.load() is not None",
+              PATH=f"{other.parent}{os.pathsep}{os.environ['PATH']}")
+    assert not (tmp_path / "ran").exists()
+    assert library.stat().st_mtime_ns == built
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows, width, k", [
     (1, 5, 1),  # narrower than a vector

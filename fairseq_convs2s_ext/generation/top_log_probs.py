@@ -22,7 +22,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional, Tuple
@@ -131,14 +130,16 @@ def _source_in(build: Path) -> Path:
 
 @contextlib.contextmanager
 def _ninja_on_path():
-    """torch builds with the ``ninja`` found on PATH; the ``ninja`` package's (a dependency)
-    is in the environment's scripts folder, which is not on PATH unless it is activated."""
+    """torch builds with the ``ninja`` found first on PATH: it is made the ``ninja`` package's
+    (a dependency), whatever else PATH holds. Two ninjas take turns otherwise (a system one;
+    the package's, in the environment's scripts folder, where the environment is activated),
+    and as they hash the build command differently (1.11 and 1.13), each rebuilt the kernel
+    that the other had built (about 45 s) at every change of turn."""
     path = os.environ.get("PATH")
-    if shutil.which("ninja") is None:
-        with contextlib.suppress(ImportError):
-            import ninja
+    with contextlib.suppress(ImportError):
+        import ninja
 
-            os.environ["PATH"] = os.pathsep.join(filter(None, [ninja.BIN_DIR, path]))
+        os.environ["PATH"] = os.pathsep.join(filter(None, [ninja.BIN_DIR, path]))
     try:
         yield
     finally:
