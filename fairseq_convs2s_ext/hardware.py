@@ -67,7 +67,8 @@ def cpu_has_native_bf16() -> bool:
 BF16_MODES = ("off", "on", "auto")
 BF16_MARGIN = 1.1
 PROBE_ROWS = 256  # rows of each probed product: a batch's tokens, as the model's linear layers see them
-PROBE_SECONDS = 0.1  # per shape and dtype, after a first (warm-up) run
+PROBE_SECONDS = 0.1  # per shape, dtype and round, after a first (warm-up) run
+PROBE_ROUNDS = 3
 
 
 def bf16_mode(value) -> str:
@@ -126,23 +127,38 @@ def _gflops(a, b, dtype) -> float:
 
 def probe_bf16(shapes: Sequence[Tuple[int, int]]) -> Dict[str, float]:
     """fp32 and bf16 GFLOP/s over products of PROBE_ROWS x K by K x N, for each (K, N) of
-    ``shapes`` (a total over the shapes: the time they take together)."""
+    ``shapes`` (a total over the shapes: the time they take together). Each dtype is timed
+    PROBE_ROUNDS times, the two in turn, and its fastest round counts: the figures are
+    cached for good, and a round that another program's work slowed (on a busy 2-core
+    machine fp32 once measured 0.22 GFLOP/s, a hundredth of its speed) must not decide."""
     generator = torch.Generator().manual_seed(0)
     flops, seconds = 0.0, {"fp32": 0.0, "bf16": 0.0}
     for k, n in shapes:
         a, b = torch.randn(PROBE_ROWS, k, generator=generator), torch.randn(k, n, generator=generator)
         work = 2 * PROBE_ROWS * k * n / 1e9
         flops += work
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            seconds[name] += work / _gflops(a, b, dtype)
+        best = {"fp32": 0.0, "bf16": 0.0}
+        for _ in range(PROBE_ROUNDS):
+            for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                best[name] = max(best[name], _gflops(a, b, dtype))
+        for name in seconds:
+            seconds[name] += work / best[name]
     return {name: round(flops / t, 2) for name, t in seconds.items()}
+
+
+def probe_key(shapes: Sequence[Tuple[int, int]]) -> str:
+    """The cache's key of :func:`probe_bf16`'s figures: this machine, torch, threads, shapes,
+    and the probe's rounds (figures of a probe of one round, which one slowed round could
+    decide, are measured again)."""
+    return (f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
+            f"{list(map(list, shapes))} | best of {PROBE_ROUNDS}")
 
 
 def measured_bf16(shapes: Sequence[Tuple[int, int]], cache_file: Optional[str] = None) -> Dict[str, float]:
     """:func:`probe_bf16`'s figures for this machine and ``shapes``, from the cache or measured
     and cached (written atomically: a file cut short is never read as figures)."""
     cache_file = cache_file or bf16_cache_file()
-    key = f"{cpu_model()} | torch {torch.__version__} | {torch.get_num_threads()} threads | {list(map(list, shapes))}"
+    key = probe_key(shapes)
     try:
         with open(cache_file, encoding="utf-8") as f:
             cached = json.load(f)
