@@ -127,6 +127,7 @@ def hypothesis_ids(text):
     return sorted(int(m) for m in re.findall(r"^H-(\d+)\t", text, flags=re.M))
 
 
+@pytest.mark.slow  # 46 s; the recipe runner also runs in test_recipes.py::test_shortened_demo
 def test_smoke_recipe_runs_in_the_current_folder(installed):
     """The whole en-ro recipe on local data (prepare, fairseq-hydra-train's training on the
     installed configs, generate, score), its work folder in ./work of the folder it runs in,
