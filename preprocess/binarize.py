@@ -195,7 +195,13 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
         logger.info("binarize: counting the words of %s in %d processes for the dictionary",
                     " and ".join(train.values()), workers)
     if srcdict:
-        src_dict = Dictionary.load(srcdict)
+        try:
+            src_dict = Dictionary.load(srcdict)
+        except Exception as exc:  # fairseq's ValueError quoting the line, or a bare Exception
+            reason = " ".join(str(exc).split())
+            raise PreprocessError(f"--srcdict {srcdict}: not a fairseq dictionary ({reason}): give "
+                                  "a dict.LANG.txt that fairseq-preprocess or convs2s-prepare "
+                                  "wrote, one 'word count' a line") from None
         tgt_dict = src_dict if joined_dictionary else build_dictionary(
             [train[tgt_lang]], nwords, workers)
     elif joined_dictionary:

@@ -58,3 +58,16 @@ def test_text_that_is_not_utf8_names_the_file_and_line(tmp_path: Path):
     (tmp_path / "train.de").write_bytes(b"ein Mann\nreitet ein Pferd \xe4\n")
     with pytest.raises(PreprocessError, match=r"train\.de, line 2: not valid UTF-8"):
         binarize(str(tmp_path / "out"), "en", "de", trainpref=str(tmp_path / "train"), workers=2)
+
+
+@pytest.mark.parametrize("content", [b"word\n", b"\xff\xfe 3\n"], ids=["no count", "not UTF-8"])
+def test_a_srcdict_that_is_not_a_dictionary_is_one_line_naming_it(tmp_path: Path, content: bytes):
+    (tmp_path / "train.en").write_text("a b\n")
+    (tmp_path / "train.de").write_text("c d\n")
+    srcdict = tmp_path / "dict.txt"
+    srcdict.write_bytes(content)
+    with pytest.raises(PreprocessError) as error:
+        binarize(str(tmp_path / "bin"), "en", "de", trainpref=str(tmp_path / "train"),
+                 srcdict=str(srcdict))
+    message = str(error.value)
+    assert message.startswith(f"--srcdict {srcdict}: not a fairseq dictionary (") and "\n" not in message
