@@ -7,6 +7,9 @@ was built from (see :mod:`preprocess.atomic`)::
     clean: drop empty, > --max-len tokens, length ratio > --ratio          (train only)
     learn joint BPE (--bpe-merges, default 40000) and apply it             (or --no-bpe)
     binarize as fairseq-preprocess --joined-dictionary, every core busy    (binarize)
+    with --align-dict: convs2s-align-dict on the training text that is binarized, in a
+    process of its own that starts as soon as that text is written and runs beside the
+    steps after it (BPE of the other splits, binarizing), with the same --workers
 
 Layout of the output directory::
 
@@ -18,6 +21,8 @@ Layout of the output directory::
                                    was binarized, which fairseq reads as the split's raw text
                                    (--dataset-impl raw, needed by --replace-unk)
                                    (read by convs2s_translation for --replace-unk)
+    align.dict, align.candidates   with --align-dict: the alignment dictionary and the
+                                   vocabulary-selection candidates (convs2s-align-dict)
     prepare.json                   the options of the last complete run (a summary only)
     .NAME.built-from.json          beside each step's first output: what it was built from
     .NAME.shards/                  while tokenizing or applying BPE runs: the finished shards
@@ -43,6 +48,7 @@ and binarizing start over when interrupted (why binarizing is not sharded:
 :mod:`preprocess.binarize`).
 """
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +57,7 @@ import sys
 from importlib.metadata import version
 from typing import Optional
 
+from .align import build_align_dict, find_aligner
 from .atomic import atomic_outputs, run_step
 from .binarize import binarize
 from .bpe import DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
@@ -58,12 +65,14 @@ from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import available_cores
+from .processes import beside
 from .textio import check_parallel, sample_option
 from .tokenize import tokenize_file
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "prepare.json"
+ALIGN_DICT, ALIGN_CANDIDATES = "align.dict", "align.candidates"
 
 
 def write_summary(outdir: str, options: dict) -> None:
@@ -97,16 +106,22 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
             srcdict: Optional[str] = None, joined_dictionary: bool = True,
             nwords: int = -1, workers: Optional[int] = None,
-            bpe_sample: int = DEFAULT_SAMPLE) -> str:
+            bpe_sample: int = DEFAULT_SAMPLE, align_dict: bool = False,
+            tmpdir: Optional[str] = None) -> str:
     """Run every step that is not current; return the binarized data directory.
 
     Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
     Romanian normalization to the ``ro`` side. ``workers``: processes per stage, by default
     the cores this process may use. ``bpe_sample``: learn BPE from at most this many
-    training pairs, spread over the corpus (0: from every pair).
+    training pairs, spread over the corpus (0: from every pair). ``align_dict``: also build
+    ``align.dict`` and ``align.candidates`` from the training text that is binarized, beside
+    the steps after it, the aligner's work folder in ``tmpdir`` (default: ``outdir``).
     """
     workers = workers or available_cores()
+    aligner = find_aligner() if align_dict else None  # none installed: said before any work
+    if tmpdir and not os.path.isdir(tmpdir):
+        raise PreprocessError(f"--tmpdir {tmpdir}: no such folder; create it or give another")
     langs = (src_lang, tgt_lang)
     if romanian and "ro" not in langs:
         raise PreprocessError(f"--romanian needs 'ro' as source or target language, got {langs}")
@@ -129,50 +144,70 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
              lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio),
              {"max_len": max_len, "ratio": ratio})
 
-    if bpe_merges:
-        codes = os.path.join(outdir, "bpe", "codes")
-        subword_nmt = {"subword-nmt": version("subword-nmt")}
-        run_step("learn BPE", files(text["train"]), [codes],
-                 lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers, bpe_sample),
-                 {"merges": bpe_merges, **subword_nmt,
-                  **sample_option("sample", bpe_sample, files(text["train"])[0])})
-        segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
-        for split in prefixes:
-            inputs = files(text[split])
-            run_step(f"apply BPE {split}", [codes] + inputs, files(segmented[split]),
-                     lambda *out, inputs=inputs: _apply_bpe_pair(codes, inputs, out, workers),
-                     subword_nmt)
-        text = segmented
+    alignment = contextlib.ExitStack()
 
-    bindir = os.path.join(outdir, "bin")
+    def align_beside(prefix: str) -> None:
+        """Build the alignment dictionary of the training text ``prefix`` beside what follows."""
+        if aligner:
+            alignment.enter_context(beside(
+                "alignment dictionary", build_align_dict, *files(prefix),
+                os.path.join(outdir, ALIGN_DICT), aligner,
+                os.path.join(outdir, ALIGN_CANDIDATES), workers, None, tmpdir))
 
-    def binarize_with_text(out: str) -> None:
-        binarize(out, src_lang, tgt_lang, trainpref=text["train"],
-                 validpref=text.get("valid"), testpref=text.get("test"),
-                 srcdict=srcdict, joined_dictionary=joined_dictionary,
-                 nwords=nwords, workers=workers)
-        # The evaluation splits' text beside the binaries, named as fairseq's raw-text
-        # datasets: --dataset-impl raw reads it (with the same ids as the binaries) and keeps
-        # the words, which --replace-unk needs. Not the training text: fairseq would then
-        # load the training split as raw text, which is slow for large corpora.
-        for split, prefix in text.items():
-            for lang in langs:
-                if split != "train":
-                    shutil.copyfile(f"{prefix}.{lang}",
-                                    os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}"))
+    with alignment:
+        if bpe_merges:
+            codes = os.path.join(outdir, "bpe", "codes")
+            subword_nmt = {"subword-nmt": version("subword-nmt")}
+            run_step("learn BPE", files(text["train"]), [codes],
+                     lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers,
+                                                 bpe_sample),
+                     {"merges": bpe_merges, **subword_nmt,
+                      **sample_option("sample", bpe_sample, files(text["train"])[0])})
+            segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
+            for split in prefixes:  # train first
+                inputs = files(text[split])
+                run_step(f"apply BPE {split}", [codes] + inputs, files(segmented[split]),
+                         lambda *out, inputs=inputs: _apply_bpe_pair(codes, inputs, out, workers),
+                         subword_nmt)
+                if split == "train":
+                    align_beside(segmented[split])
+            text = segmented
+        else:
+            align_beside(text["train"])
 
-    run_step("binarize", [path for prefix in text.values() for path in files(prefix)]
-             + ([srcdict] if srcdict else []), [bindir], binarize_with_text,
-             {"langs": langs, "splits": list(text), "srcdict": bool(srcdict),
-              "joined_dictionary": joined_dictionary, "nwords": nwords})
+        bindir = os.path.join(outdir, "bin")
+
+        def binarize_with_text(out: str) -> None:
+            binarize(out, src_lang, tgt_lang, trainpref=text["train"],
+                     validpref=text.get("valid"), testpref=text.get("test"),
+                     srcdict=srcdict, joined_dictionary=joined_dictionary,
+                     nwords=nwords, workers=workers)
+            # The evaluation splits' text beside the binaries, named as fairseq's raw-text
+            # datasets: --dataset-impl raw reads it (with the same ids as the binaries) and
+            # keeps the words, which --replace-unk needs. Not the training text: fairseq
+            # would then load the training split as raw text, which is slow for large corpora.
+            for split, prefix in text.items():
+                for lang in langs:
+                    if split != "train":
+                        shutil.copyfile(f"{prefix}.{lang}",
+                                        os.path.join(out, f"{split}.{src_lang}-{tgt_lang}.{lang}"))
+
+        run_step("binarize", [path for prefix in text.values() for path in files(prefix)]
+                 + ([srcdict] if srcdict else []), [bindir], binarize_with_text,
+                 {"langs": langs, "splits": list(text), "srcdict": bool(srcdict),
+                  "joined_dictionary": joined_dictionary, "nwords": nwords})
     write_summary(outdir, {
         "langs": list(langs), "prefixes": prefixes, "romanian": romanian,
         "bpe_merges": bpe_merges, "max_len": max_len, "ratio": ratio,
         "srcdict": srcdict and os.path.abspath(srcdict),
-        "joined_dictionary": joined_dictionary, "nwords": nwords,
+        "joined_dictionary": joined_dictionary, "nwords": nwords, "align_dict": align_dict,
     })
-    logger.info("done: binarized data in %s; tokenized training text for "
-                "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
+    if aligner:
+        logger.info("done: binarized data in %s; alignment dictionary %s, candidates %s",
+                    bindir, *(os.path.join(outdir, name) for name in (ALIGN_DICT, ALIGN_CANDIDATES)))
+    else:
+        logger.info("done: binarized data in %s; tokenized training text for "
+                    "convs2s-align-dict: %s", bindir, " ".join(files(cleaned)))
     raw_text = ["--tokenizer", "moses", "--moses-no-escape", "-s", src_lang, "-t", tgt_lang]
     if bpe_merges:
         raw_text += ["--bpe", "subword_nmt", "--bpe-codes", os.path.join(outdir, "bpe", "codes")]
@@ -221,7 +256,16 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help="vocabulary size cap (word-level models); -1: keep all")
     parser.add_argument("--workers", type=int,
                         help="parallel processes (default: the cores this process may use)")
+    parser.add_argument("--align-dict", action="store_true",
+                        help="also build OUTDIR/align.dict and OUTDIR/align.candidates "
+                             "(convs2s-align-dict's defaults) from the training text that is "
+                             "binarized, in a process that runs beside the steps after it")
+    parser.add_argument("--tmpdir", metavar="DIR",
+                        help="with --align-dict: where the aligner's work folder goes (a copy of "
+                             "the training text and its links; default: OUTDIR)")
     args = parser.parse_args(argv)
+    if args.tmpdir and not args.align_dict:
+        parser.error("--tmpdir is the aligner's work folder: give it with --align-dict")
     if args.bpe_sample < 0:
         parser.error(f"--bpe-sample {args.bpe_sample}: give a number of pairs, or 0 for all")
     if args.workers is not None and args.workers < 1:
@@ -239,7 +283,8 @@ def main(argv: Optional[list] = None) -> None:
                     bpe_merges=None if args.no_bpe else args.bpe_merges, max_len=args.max_len,
                     ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
                     joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
-                    workers=args.workers, bpe_sample=args.bpe_sample)
+                    workers=args.workers, bpe_sample=args.bpe_sample,
+                    align_dict=args.align_dict, tmpdir=args.tmpdir)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
 

@@ -17,13 +17,22 @@ started itself (``eflomal-align`` runs an ``eflomal`` binary):
   runs the command; on SIGTERM, and after the command ends, it SIGKILLs every descendant
   it has, whatever process group or session they moved to. The command itself also gets
   SIGKILL at the guardian's death.
+
+A step of this package can also run beside the others (:func:`beside`): in a forked
+process that gets SIGTERM at the parent's death, is stopped with SIGTERM when the parent's
+work fails or is interrupted, and hands back its error, as one line, when it fails.
 """
+import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-from typing import Callable, Optional, Sequence
+import traceback
+from typing import Callable, Iterator, Optional, Sequence
+
+from .errors import PreprocessError
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PR_SET_CHILD_SUBREAPER = 36
@@ -69,6 +78,59 @@ def run_child(cmd: Sequence[str], stdout, stderr, cwd: str, env: dict) -> int:
         if proc.returncode is None:  # interrupted: stop the child and what it started
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _run_beside(conn, fn: Callable, args: tuple, preexec: Optional[Callable[[], None]]) -> None:
+    """The forked child of :func:`beside`: ``fn(*args)``, then None or its error's text
+    sent to the parent."""
+    if preexec:
+        preexec()
+    exit_on_sigterm()
+    try:
+        fn(*args)
+    except PreprocessError as exc:
+        conn.send(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C reaches the parent too, which says so
+        sys.exit(128 + signal.SIGINT)
+    except SystemExit:  # stopped by the parent, or by SIGTERM
+        raise
+    except Exception as exc:  # a bug: its traceback, and the parent names the step
+        traceback.print_exc()
+        conn.send(f"{type(exc).__name__}: {exc}")
+    else:
+        conn.send(None)
+
+
+@contextlib.contextmanager
+def beside(name: str, fn: Callable, *args) -> Iterator[None]:
+    """Run ``fn(*args)`` in a forked process while the block runs, and wait for it at the
+    block's end: its :class:`PreprocessError` (or any other failure) is raised here as a
+    :class:`PreprocessError` naming ``name``. If the block fails or is interrupted, the
+    process is stopped with SIGTERM (its ``with`` blocks clean up, as for Ctrl-C) before
+    the block's exception goes on; if this process dies, the kernel sends it SIGTERM."""
+    receive, send = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(
+        target=_run_beside, args=(send, fn, args, die_with_parent(signal.SIGTERM)),
+        name=name)
+    child.start()
+    send.close()
+    try:
+        yield
+    except BaseException:
+        if child.is_alive():
+            child.terminate()
+        child.join()
+        receive.close()
+        raise
+    try:
+        error = receive.recv()
+    except EOFError:  # ended without a word: killed
+        child.join()
+        error = f"stopped (exit status {child.exitcode})"
+    receive.close()
+    child.join()
+    if error is not None:
+        raise PreprocessError(f"{name}: {error}")
 
 
 def process_exists(pid: int) -> bool:
