@@ -67,7 +67,7 @@ SOURCES = [("multi30k", "train"), ("multi30k", "val"), ("multi30k", "test_2016_f
            ("wmt14-en-de", "newstest2013"), ("wmt14-en-de", "newstest2014")]
 STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize", "align dict"]
 # The serial fraction of each stage where a run on one worker cannot tell it.
-SERIAL = {"tokenize": 0.0, "clean": 1.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
+SERIAL = {"tokenize": 0.0, "clean": 0.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
           "align dict": 0.8, "align dict less training": 0.2}
 TARGETS = [(4_500_000, 2), (4_500_000, 32), (36_000_000, 2), (36_000_000, 32)]
 SAMPLE_SECONDS = 0.2
@@ -205,7 +205,7 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool) -> dict:
             f"tokenize_file({i!r}, {o!r}, {lang!r}, workers={workers})"
             for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT)))),
         "clean": _python("from convs2s_preprocess.clean import clean_corpus\n"
-                         f"clean_corpus(*{sides(tok)!r}, *{sides(clean)!r})"),
+                         f"clean_corpus(*{sides(tok)!r}, *{sides(clean)!r}, workers={workers})"),
         "learn BPE": _python("from convs2s_preprocess.bpe import learn_joint_bpe\n"
                              f"learn_joint_bpe({sides(clean)!r}, {str(work / 'codes')!r}, {merges}, "
                              f"workers={workers})"),

@@ -141,7 +141,7 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     cleaned = os.path.join(outdir, "tok", "train.clean")
     text = dict(tok, train=cleaned)
     run_step("clean train", files(tok["train"]), files(cleaned),
-             lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio),
+             lambda *out: clean_corpus(*files(tok["train"]), *out, max_len, ratio, workers=workers),
              {"max_len": max_len, "ratio": ratio})
 
     alignment = contextlib.ExitStack()

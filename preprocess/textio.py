@@ -22,15 +22,21 @@ def read_lines(path: str) -> Iterator[str]:
     """
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise PreprocessError(
-                    f"{path}, line {number}: not valid UTF-8 ({exc.reason} at byte {exc.start}: "
-                    f"{raw[exc.start:exc.start + 4]!r}). Fix: convert the file to UTF-8, e.g. "
-                    f"`iconv -f ISO-8859-1 -t UTF-8 {path} > {path}.utf8` (use the file's real "
-                    "encoding), or remove that line from both sides of the corpus."
-                ) from None
+            yield decode_line(raw, path, number)
+
+
+def decode_line(raw: bytes, path: str, number: int) -> str:
+    """Line ``number`` of ``path``, read as bytes, decoded and without its line ending; a
+    line that is not UTF-8 is an error naming the file, the line and the fix."""
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise PreprocessError(
+            f"{path}, line {number}: not valid UTF-8 ({exc.reason} at byte {exc.start}: "
+            f"{raw[exc.start:exc.start + 4]!r}). Fix: convert the file to UTF-8, e.g. "
+            f"`iconv -f ISO-8859-1 -t UTF-8 {path} > {path}.utf8` (use the file's real "
+            "encoding), or remove that line from both sides of the corpus."
+        ) from None
 
 
 def write_lines(path: str, lines: Iterable[str]) -> int:
