@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from typing import Optional, Sequence
 
 from subword_nmt.apply_bpe import BPE
-from subword_nmt.learn_bpe import get_pair_statistics, prune_stats, replace_pair, update_pair_statistics
+from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
 from .parallel import batched, map_batches, map_file
 from .progress import Progress
@@ -75,12 +75,13 @@ def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Coun
 
 
 class PairFrequencies(defaultdict):
-    """subword-nmt's pair frequencies, a ``defaultdict(int)`` its helpers change in place,
-    that also file each pair at least as frequent as ``threshold`` under its frequency, so
-    that the most frequent pair is found without reading every pair (subword-nmt's ``max``
-    over them all, with a Python key, was two thirds of its learning time). The pairs below
-    the threshold are not filed: when the most frequent pair is one of them, subword-nmt
-    goes back to every pair's frequency anyway."""
+    """subword-nmt's pair frequencies, ``defaultdict(int)``, that also file each pair at
+    least as frequent as ``threshold`` under its frequency, so that the most frequent pair
+    is found without reading every pair (subword-nmt's ``max`` over them all, with a Python
+    key, was two thirds of its learning time). The pairs below the threshold are not filed:
+    when the most frequent pair is one of them, subword-nmt goes back to every pair's
+    frequency anyway. It remembers the pairs changed since :meth:`prune` last ran, the only
+    ones that can have fallen below the threshold since."""
 
     def __init__(self, frequencies: dict, threshold: float = -math.inf):
         super().__init__(int)
@@ -92,6 +93,7 @@ class PairFrequencies(defaultdict):
         dict.update(self, frequencies)
         self.heap = [-frequency for frequency in self.pairs_by_frequency]  # lazily pruned
         heapq.heapify(self.heap)
+        self.changed = None  # every pair: none pruned yet
 
     def __setitem__(self, pair: tuple, frequency: int) -> None:
         if pair in self:
@@ -101,6 +103,8 @@ class PairFrequencies(defaultdict):
             if frequency not in self.pairs_by_frequency:
                 heapq.heappush(self.heap, -frequency)
             self.pairs_by_frequency[frequency].add(pair)
+        if self.changed is not None:
+            self.changed.add(pair)
 
     def __delitem__(self, pair: tuple) -> None:
         self._unfile(pair)
@@ -113,6 +117,26 @@ class PairFrequencies(defaultdict):
             pairs.discard(pair)
             if not pairs:
                 del self.pairs_by_frequency[frequency]
+
+    def add(self, changes: dict) -> None:
+        """Add each pair's change of frequency (a pair with a change of 0 is still set, as
+        subword-nmt's ``-=`` and ``+=`` on it would set it)."""
+        for pair, change in changes.items():
+            self[pair] = self.get(pair, 0) + change
+
+    def prune(self, big_stats: dict, threshold: float) -> None:
+        """subword-nmt's ``prune_stats(self, big_stats, threshold)``: the pairs below the
+        threshold leave these frequencies for ``big_stats``. Only the pairs changed since the
+        last prune are read: the others were at or above the same threshold then."""
+        pairs = self if self.changed is None else (pair for pair in self.changed if pair in self)
+        for pair, frequency in [(pair, self[pair]) for pair in pairs]:
+            if frequency < threshold:
+                del self[pair]
+                if frequency < 0:
+                    big_stats[pair] += frequency
+                else:
+                    big_stats[pair] = frequency
+        self.changed = set()
 
     def most_frequent(self) -> Optional[tuple]:
         """subword-nmt's ``max(stats, key=lambda pair: (stats[pair], pair))``, the most
@@ -127,9 +151,11 @@ def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_fr
     """Write the BPE merges that subword-nmt's ``learn_bpe`` learns from these word counts.
 
     subword-nmt's loop with its own helpers and choices (pairs counted per word, the pruned
-    statistics and their threshold, ties broken by the larger pair); only the most frequent
-    pair is looked up in :class:`PairFrequencies` instead of found by a scan of every pair,
-    so the codes are the same, line for line.
+    statistics and their threshold, ties broken by the larger pair), so the codes are the
+    same, line for line. Only the bookkeeping is faster: the most frequent pair is looked up
+    in :class:`PairFrequencies` instead of found by a scan of every pair; a merge's changes
+    to the pair frequencies are summed in a plain dict, then filed once per pair; and
+    pruning reads only the pairs changed since it last ran.
     """
     codes.write("#version: 0.2\n")
     vocab = [(tuple(word[:-1]) + (word[-1] + "</w>",), count) for word, count in counts.items()]
@@ -143,22 +169,24 @@ def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_fr
     for i in range(merges):
         most_frequent = stats.most_frequent()
         if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
-            prune_stats(stats, big_stats, threshold)
+            stats.prune(big_stats, threshold)
             stats = PairFrequencies(big_stats)
             most_frequent = stats.most_frequent()
             threshold = stats[most_frequent] * i / (i + 10000.0)
-            prune_stats(stats, big_stats, threshold)
-            stats.threshold = threshold  # prune_stats left only the pairs at least this frequent
+            stats.prune(big_stats, threshold)
+            stats.threshold = threshold  # pruning left only the pairs at least this frequent
         if stats[most_frequent] < min_frequency:
             logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
             break
         codes.write("{0} {1}\n".format(*most_frequent))
         progress.update()
         changes = replace_pair(most_frequent, vocab, indices)
-        update_pair_statistics(most_frequent, changes, stats, indices)
+        frequency_changes = defaultdict(int)
+        update_pair_statistics(most_frequent, changes, frequency_changes, indices)
+        stats.add(frequency_changes)
         stats[most_frequent] = 0
         if not i % 100:
-            prune_stats(stats, big_stats, threshold)
+            stats.prune(big_stats, threshold)
 
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
