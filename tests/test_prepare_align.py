@@ -94,3 +94,26 @@ def test_a_failure_beside_it_stops_the_aligner_and_removes_its_work(tmp_path):
     assert started.exists()
     assert wait_until(lambda: not processes_mentioning(str(out)), 10), processes_mentioning(str(out))
     assert not list(out.glob(WORK_PREFIX + "*")) and not (out / "align.dict").exists()
+
+
+@needs_data
+@needs_systran_align
+def test_a_killed_prepare_takes_its_aligner_along_and_a_rerun_finishes(tmp_path):
+    train, out = corpus(tmp_path / "raw", 200), tmp_path / "out"
+    started = tmp_path / "aligner-started"
+    path = fake_fast_align(tmp_path / "bin", f"touch {started}; sleep 60")
+    args = [sys.executable, "-m", "convs2s_preprocess.pipeline", "-s", "en", "-t", "de", "--workers", "2",
+            "--align-dict", "--trainpref", train, "-o", str(out), "--no-bpe"]
+    proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PATH=f"{path}{os.pathsep}{os.environ['PATH']}"))
+    try:
+        assert wait_until(started.exists, 60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_until(lambda: not processes_mentioning(str(out)), 10), processes_mentioning(str(out))
+    assert not list(out.glob(WORK_PREFIX + "*")) and not (out / "align.dict").exists()
+
+    rerun = prepare("--trainpref", train, "-o", out, "--no-bpe")  # systran-align this time
+    assert rerun.returncode == 0, rerun.stderr
+    assert "tokenize train: reused" in rerun.stderr and (out / "align.candidates").is_file()
