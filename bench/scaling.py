@@ -343,9 +343,39 @@ def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
                 trained = min(pairs, DEFAULT_TRAIN_SAMPLE) if capped else pairs
                 seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores) \
                     + (ta * trained ** tb if capped else 0.0)
+                cpu_seconds = base["cpu_s"] + a * pairs ** b + (ta * trained ** tb if capped else 0.0)
                 table.setdefault(pipeline, {}).setdefault(stage, {})[f"{pairs}x{cores}"] = {
-                    "hours": seconds / 3600, "peak_gib": ma * trained ** mb / 1024}
+                    "hours": seconds / 3600, "cpu_hours": cpu_seconds / 3600,
+                    "peak_gib": ma * trained ** mb / 1024}
     return table
+
+
+def totals(extrapolated: dict) -> dict:
+    """{name: {"PAIRSxCORES": hours}} of whole preparations from the stages' extrapolations:
+
+    - ours with BPE: every stage but the alignment dictionary, one after the other;
+    - ours at word level with the dictionary (``convs2s-prepare --no-bpe --align-dict``):
+      tokenize and clean, then binarizing beside the alignment dictionary, which take the
+      longer of the two, or their CPU time shared by the cores if that is longer (binarizing
+      as measured on the segmented text);
+    - fairseq's pipeline: its stages one after the other.
+    """
+    result = {}
+    for name, pipeline, stages in (("ours, BPE", "ours", STAGES[:-1]),
+                                   ("fairseq's pipeline", "reference", STAGES[:-1])):
+        cells = [extrapolated.get(pipeline, {}).get(stage) for stage in stages]
+        result[name] = {key: sum(cell[key]["hours"] for cell in cells if cell)
+                        for key in (f"{n}x{c}" for n, c in TARGETS)}
+    ours = extrapolated.get("ours", {})
+    if "align dict" in ours and "binarize" in ours:
+        result["ours, word level with --align-dict"] = {}
+        for pairs, cores in TARGETS:
+            key = f"{pairs}x{cores}"
+            before = sum(ours[stage][key]["hours"] for stage in ("tokenize", "clean") if stage in ours)
+            both = [ours["binarize"][key], ours["align dict"][key]]
+            beside = max(*(cell["hours"] for cell in both), sum(cell["cpu_hours"] for cell in both) / cores)
+            result["ours, word level with --align-dict"][key] = before + beside
+    return result
 
 
 def print_tables(runs: dict, extrapolated: dict) -> None:
@@ -366,13 +396,13 @@ def print_tables(runs: dict, extrapolated: dict) -> None:
     print("| pipeline | stage | " + " | ".join(header) + " |")
     print("|---|---|" + "---:|" * len(TARGETS))
     for pipeline, stages in extrapolated.items():
-        totals = [0.0] * len(TARGETS)
         for stage, cells in stages.items():
             values = [cells[f"{pairs}x{cores}"] for pairs, cores in TARGETS]
-            totals = [t + v["hours"] for t, v in zip(totals, values)]
             print(f"| {pipeline} | {stage} | " + " | ".join(
                 f"{v['hours']:.2f} ({v['peak_gib']:.1f})" for v in values) + " |")
-        print(f"| {pipeline} | total | " + " | ".join(f"{t:.2f}" for t in totals) + " |")
+    for name, hours in totals(extrapolated).items():
+        print(f"| {name} | total | " + " | ".join(
+            f"{hours[f'{pairs}x{cores}']:.2f}" for pairs, cores in TARGETS) + " |")
 
 
 def plot(runs: dict, extrapolated: dict, path: str) -> None:
@@ -456,7 +486,8 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "base_pairs": len(pairs),
                                                "fixed": fixed, "runs": runs,
-                                               "extrapolated": extrapolated}, indent=2))
+                                               "extrapolated": extrapolated,
+                                               "totals": totals(extrapolated)}, indent=2))
     if args.plot:
         plot(runs, extrapolated, args.plot)
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bench.scaling import FIXED_PAIRS, STAGES, base_pairs, build_corpus, extrapolate
+from bench.scaling import FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 
@@ -59,6 +59,21 @@ def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion()
     hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
     assert DEFAULT_TRAIN_SAMPLE == 500_000  # the training at 36M is the one measured at 500k
     assert hours == pytest.approx((1 + 1000 + 300 * 72 / 2) / 3600, rel=1e-6)
+
+
+def test_word_level_total_runs_binarizing_beside_the_alignment():
+    """--no-bpe --align-dict: tokenize and clean, then the longer of binarizing and the
+    alignment dictionary, or their CPU time over the cores where the cores are too few for
+    both; with BPE, the stages but the alignment one after the other."""
+    def cell(hours, cpu_hours):
+        return {f"{n}x{c}": {"hours": hours, "cpu_hours": cpu_hours, "peak_gib": 1.0} for n, c in TARGETS}
+    ours = {"tokenize": cell(0.1, 1.0), "clean": cell(0.05, 0.1), "learn BPE": cell(0.5, 0.5),
+            "apply BPE": cell(0.2, 2.0), "binarize": cell(0.3, 4.0), "align dict": cell(0.8, 9.0)}
+    result = totals({"ours": ours, "reference": {"tokenize": cell(2.0, 2.0)}})
+    assert result["ours, BPE"]["36000000x32"] == pytest.approx(0.1 + 0.05 + 0.5 + 0.2 + 0.3)
+    assert result["ours, word level with --align-dict"]["36000000x32"] == pytest.approx(0.15 + 0.8)
+    assert result["ours, word level with --align-dict"]["36000000x2"] == pytest.approx(0.15 + 13.0 / 2)
+    assert result["fairseq's pipeline"]["4500000x2"] == pytest.approx(2.0)
 
 
 @pytest.mark.slow
