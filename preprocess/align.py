@@ -43,8 +43,9 @@ stops the aligner, see :mod:`.processes`): the next run removes the folders of p
 of this host that no longer exist.
 
 The links are counted in ``--workers`` processes, in memory that does not grow with the
-corpus: each source word's counts go to one of several partitions, summed one at a time
-per worker, and the sorted results are merged (:func:`count_corpus_links`).
+corpus: each worker reads its chunks of the corpus and the links itself, and writes their
+counts split into partitions by source word; each partition is then summed by one worker,
+and the sorted results are merged (:func:`count_corpus_links`).
 
 With ``--candidates FILE`` it also writes, from the same counts, the candidate lists of
 vocabulary selection (fairseq-lua's ``-aligndictpath``; read by ``--vocab-selection``): one
@@ -53,7 +54,7 @@ target words ranked by count (ties: the smaller word first), at most
 ``CANDIDATES_PER_WORD`` of them, as fairseq-lua kept.
 """
 import argparse
-import contextlib
+import functools
 import heapq
 import importlib.util
 import logging
@@ -72,10 +73,10 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 from .atomic import run_step
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
-from .parallel import available_cores, map_batches, numbered_batches
+from .parallel import LineChunk, available_cores, line_chunks, map_batches, map_chunks_into, read_chunk
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
-from .textio import check_parallel, count_lines, read_lines, sample_option, write_lines
+from .textio import check_parallel, count_lines, decode_line, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +104,12 @@ CANDIDATES_PER_WORD = 1000
 # systran-align trains fast_align's model on at most this many pairs of a larger corpus
 # (--train-sample), chosen by bench/sampling.py: see the performance page.
 DEFAULT_TRAIN_SAMPLE = 500_000
-# Counting the links (see count_corpus_links): pairs handed to a worker at a time, the
+# Counting the links (see count_corpus_links): pairs a worker counts at a time, the
 # memory a worker's counts of one partition may take, what they take per byte of the
-# aligner's links file (measured: see count_corpus_links), and the most partitions (open
-# files).
-COUNT_BATCH_LINES = 10_000
+# aligner's links file (measured: see count_corpus_links), and the most partitions.
+COUNT_CHUNK_LINES = 50_000
+# Pairs a worker turns into the aligner's input at a time.
+INPUT_CHUNK_LINES = 100_000
 COUNT_MEMORY_PER_WORKER = 256 * 2**20
 COUNT_MEMORY_PER_LINK_BYTE = 4
 MAX_PARTITIONS = 512
@@ -174,21 +176,43 @@ def find_aligner(choice: str = "auto", fast_align: Optional[str] = None,
                           f"for on {path}). Install {hints}.")
 
 
-def aligned_pairs(src_path: str, tgt_path: str) -> Iterator[tuple]:
-    """(source tokens, target tokens) of every pair handed to the aligner, in order."""
-    check_parallel(src_path, tgt_path)
-    for src, tgt in zip(read_lines(src_path), read_lines(tgt_path)):
-        if SEPARATOR in src or SEPARATOR in tgt:
-            continue
-        src_tokens, tgt_tokens = src.split(), tgt.split()
-        if src_tokens and tgt_tokens:
-            yield src_tokens, tgt_tokens
+def aligner_line(src: str, tgt: str) -> Optional[str]:
+    """The aligner's ``source ||| target`` line of a pair of tokenized lines, or None where
+    the aligner must not see the pair: a side is empty or holds ``|||``."""
+    if SEPARATOR in src or SEPARATOR in tgt:
+        return None
+    src_tokens, tgt_tokens = src.split(), tgt.split()
+    if not src_tokens or not tgt_tokens:
+        return None
+    return f"{' '.join(src_tokens)} {SEPARATOR} {' '.join(tgt_tokens)}"
 
 
-def write_aligner_input(src_path: str, tgt_path: str, corpus_path: str) -> int:
-    """Write ``source ||| target`` lines for :func:`aligned_pairs`; return their number."""
-    return write_lines(corpus_path, (f"{' '.join(src)} {SEPARATOR} {' '.join(tgt)}"
-                                     for src, tgt in aligned_pairs(src_path, tgt_path)))
+def _aligner_input_chunk(src_path: str, tgt_path: str, chunk: LineChunk, parts: list) -> int:
+    """Write the aligner's lines of a chunk of the pairs to ``parts[0]``; return how many."""
+    kept = 0
+    with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
+        pairs = zip(read_chunk(src_path, chunk, 0), read_chunk(tgt_path, chunk, 1))
+        for number, (src, tgt) in enumerate(pairs, chunk.first):
+            line = aligner_line(decode_line(src, src_path, number), decode_line(tgt, tgt_path, number))
+            if line is not None:
+                out.write(line + "\n")
+                kept += 1
+    return kept
+
+
+def write_aligner_input(src_path: str, tgt_path: str, corpus_path: str, workers: int = 1) -> int:
+    """Write the :func:`aligner_line` of every pair that has one, in ``workers`` processes
+    that read chunks of the files themselves; return how many."""
+    (src_total, tgt_total), chunks = line_chunks([src_path, tgt_path], INPUT_CHUNK_LINES)
+    if src_total != tgt_total:
+        check_parallel(src_path, tgt_path)  # fails, naming both counts
+    parts = os.path.join(os.path.dirname(os.path.abspath(corpus_path)), "input-parts")
+    os.makedirs(parts, exist_ok=True)
+    write = functools.partial(_aligner_input_chunk, src_path, tgt_path)
+    with open(corpus_path, "wb") as out:
+        kept = sum(n for _, n in map_chunks_into(write, chunks, [out], parts, workers))
+    os.rmdir(parts)
+    return kept
 
 
 def aligner_pair(line: str) -> tuple:
@@ -292,35 +316,34 @@ def partition_of(word: str, partitions: int) -> int:
     return zlib.crc32(word.encode("utf-8")) % partitions
 
 
-def link_batches(corpus_path: str, links_path: str, partitions: int) -> Iterator[tuple]:
-    """(first line number, aligner input lines, their links, partitions) for consecutive
-    batches of :data:`COUNT_BATCH_LINES` lines."""
-    pairs = zip_longest(read_lines(corpus_path), read_lines(links_path))
-    for first, batch in numbered_batches(pairs, COUNT_BATCH_LINES):
-        for number, (line, links) in enumerate(batch, first):
-            if line is None or links is None:  # one file ended before the other
-                raise lengths_differ(number)
-        yield (first, *zip(*batch), partitions)
-
-
-def _count_batch(batch: tuple) -> tuple:
-    """(pairs counted, {partition: its ``source target count`` lines}) of a batch of
-    :func:`link_batches`."""
-    first, lines, links, partitions = batch
+def _count_chunk(corpus_path: str, links_path: str, workdir: str, partitions: int,
+                 chunk: LineChunk) -> list:
+    """Count the links of a chunk of the aligner's input and its links into the file
+    ``workdir/counts-INDEX``, as ``source target count`` lines, partition after partition;
+    return where each partition's lines begin in it, and where the file ends."""
+    lines = (line.decode("utf-8") for line in read_chunk(corpus_path, chunk, 0))
+    links = (line.decode("utf-8") for line in read_chunk(links_path, chunk, 1))
     texts = defaultdict(list)
-    for src, targets in count_links(map(aligner_pair, lines), links, first).items():
+    for src, targets in count_links(map(aligner_pair, lines), links, chunk.first).items():
         texts[partition_of(src, partitions)] += (f"{src} {tgt} {n}\n" for tgt, n in targets.items())
-    return len(lines), {partition: "".join(text) for partition, text in texts.items()}
+    offsets = [0]
+    with open(os.path.join(workdir, f"counts-{chunk.index}"), "wb") as out:
+        for partition in range(partitions):
+            offsets.append(offsets[-1] + out.write("".join(texts[partition]).encode("utf-8")))
+    return offsets
 
 
 def _count_partition(task: tuple) -> None:
-    """Sum the counts in a partition's file and write its dictionary lines to PATH.dict and,
-    if asked, its candidate lines to PATH.candidates."""
-    path, candidates = task
+    """Sum a partition's counts, read from where each chunk's file holds them, and write its
+    dictionary lines to PATH.dict and, if asked, its candidate lines to PATH.candidates."""
+    path, sections, candidates = task
     counts = defaultdict(Counter)
-    for line in read_lines(path):
-        src, tgt, n = line.split(" ")
-        counts[src][tgt] += int(n)
+    for counts_path, start, end in sections:
+        with open(counts_path, "rb") as f:
+            f.seek(start)
+            for line in f.read(end - start).decode("utf-8").splitlines():
+                src, tgt, n = line.split(" ")
+                counts[src][tgt] += int(n)
     write_lines(path + ".dict", dictionary_lines(counts))
     if candidates:
         write_lines(path + ".candidates", candidate_lines(counts))
@@ -338,33 +361,36 @@ def count_corpus_links(corpus_path: str, links_path: str, workdir: str, workers:
     the candidates), in ``workers`` processes and in memory that does not grow with the
     corpus.
 
-    Each worker counts a batch of pairs and hands back its counts split by source word
-    into partitions (:func:`partition_of`), which are appended to a file each in
-    ``workdir``; then each partition's counts are summed, by one worker, into its
-    dictionary and candidate lines, sorted, and the partitions' lines are merged. A
-    source word's counts are all in one partition, so the result is what counting
-    everything in one process gives. Partitions are as many as keep a worker's counts
-    near :data:`COUNT_MEMORY_PER_WORKER`, estimated from the links file: the counts took
-    3.9 bytes per byte of the links file on Multi30k en-de (29,000 real pairs; some 150
-    bytes per distinct word pair) and 1.2 on 300,000 pairs built from the shared data,
-    whose pairs repeat. A corpus with more distinct word pairs per link takes more (about
-    25 if every link were a word pair of its own). ``partitions`` overrides that number.
+    Each worker counts chunks of :data:`COUNT_CHUNK_LINES` pairs, which it reads from both
+    files itself, and writes each chunk's counts to a file of its own in ``workdir``, split
+    by source word into partitions (:func:`partition_of`); then each partition's counts are
+    summed, by one worker, into its dictionary and candidate lines, sorted, and the
+    partitions' lines are merged. A source word's counts are all in one partition, so the
+    result is what counting everything in one process gives. Partitions are as many as
+    keep a worker's counts near :data:`COUNT_MEMORY_PER_WORKER`, estimated from the links
+    file: the counts took 3.9 bytes per byte of the links file on Multi30k en-de (29,000
+    real pairs; some 150 bytes per distinct word pair) and 1.2 on 300,000 pairs built from
+    the shared data, whose pairs repeat. A corpus with more distinct word pairs per link
+    takes more (about 25 if every link were a word pair of its own). ``partitions``
+    overrides that number.
     """
     share = COUNT_MEMORY_PER_WORKER // COUNT_MEMORY_PER_LINK_BYTE
     partitions = partitions or max(1, min(MAX_PARTITIONS, -(-os.path.getsize(links_path) // share)))
-    paths = [os.path.join(workdir, f"counts-{partition}") for partition in range(partitions)]
-    progress = Progress("count links", count_lines(corpus_path), unit="pairs", log=logger)
-    with contextlib.ExitStack() as files:
-        parts = [files.enter_context(open(path, "w", encoding="utf-8", newline="\n"))
-                 for path in paths]
-        for done, texts in map_batches(_count_batch, link_batches(corpus_path, links_path,
-                                                                  partitions), workers):
-            for partition, text in texts.items():
-                parts[partition].write(text)
-            progress.update(done)
+    totals, chunks = line_chunks([corpus_path, links_path], COUNT_CHUNK_LINES)
+    if totals[0] != totals[1]:  # one file ends before the other
+        raise lengths_differ(min(totals) + 1)
+    progress = Progress("count links", totals[0], unit="pairs", log=logger)
+    count = functools.partial(_count_chunk, corpus_path, links_path, workdir, partitions)
+    offsets = []
+    for chunk, chunk_offsets in zip(chunks, map_batches(count, chunks, workers)):
+        offsets.append(chunk_offsets)
+        progress.update(chunk.lines)
     progress.finish()
-    for _ in map_batches(_count_partition, [(path, candidates_path is not None) for path in paths],
-                         workers):
+    paths = [os.path.join(workdir, f"partition-{partition}") for partition in range(partitions)]
+    tasks = [(path, [(os.path.join(workdir, f"counts-{chunk.index}"), at[partition], at[partition + 1])
+                     for chunk, at in zip(chunks, offsets)], candidates_path is not None)
+             for partition, path in enumerate(paths)]
+    for _ in map_batches(_count_partition, tasks, workers):
         pass
     write_lines(out_path, merged_lines([path + ".dict" for path in paths]))
     if candidates_path is not None:
@@ -390,7 +416,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
         with work_folder(scratch) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
-            kept = write_aligner_input(src_path, tgt_path, corpus)
+            kept = write_aligner_input(src_path, tgt_path, corpus, processes)
             if kept == 0:
                 raise PreprocessError(f"nothing to align in {src_path} / {tgt_path}: every "
                                       f"pair has an empty side or contains {SEPARATOR!r}")

@@ -42,9 +42,12 @@ memory map into sorted keys and probabilities, 12 bytes an entry (:func:`read_ta
 Only the forward direction is trained: the library's API trains both, one after the
 other, so it runs in a child process that is stopped once its log shows the forward table
 written (:func:`train`; the backward half was about 40% of the time). Decoding is per
-pair, so ``--workers N`` decodes batches of pairs in N processes forked after the table is
-read, which share it; a worker decodes its batch in one numpy computation
-(:func:`forward_links`), looking each distinct word pair up once, in order.
+pair, so ``--workers N`` decodes chunks of the corpus in N processes forked after the table
+is read, which share it: each reads its chunk of the file itself and writes its links to a
+part file that this process appends to the output (:func:`.parallel.map_chunks_into`), so
+that this process is not the one every line passes through. A worker decodes a few thousand
+pairs at a time in one numpy computation (:func:`forward_links`), looking each distinct word
+pair up once, in order.
 
 ``--sample N`` trains on N pairs spread evenly over the corpus (every k-th, no randomness)
 and decodes every pair with that model, as ``fast_align -f TABLE`` aligns text it was not
@@ -72,7 +75,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from .parallel import map_batches, numbered_batches
+from .parallel import LineChunk, line_chunks, map_chunks_into, read_chunk
 from .processes import die_with_parent
 from .progress import Progress
 from .textio import count_lines, spread_evenly
@@ -95,7 +98,7 @@ DOT_PAIRS = 1000
 CHECK_SECONDS = 0.1  # between two looks at the training's log
 # Pairs handed to a decoding worker at a time, and the most scores (t(f|e) times a prior)
 # it computes at once: some 100 MB of arrays.
-DECODE_BATCH_LINES = 2000
+DECODE_CHUNK_LINES = 20_000
 DECODE_SCORES = 1_000_000
 # fast_align's t(f|e) for a pair its table lacks (ttables.h), used when the model was
 # trained on a sample: the pairs that never met in the sample.
@@ -304,29 +307,34 @@ def split_pair(line: str) -> tuple:
 _decoder = {}
 
 
-def _decode(batch: tuple) -> list:
-    """The links of a batch of ``(first line number, lines)``, decoded in chunks of at most
-    :data:`DECODE_SCORES` scores (one, whatever its size, for a long pair)."""
-    first, lines = batch
-    links, chunk, scores = [], [], 0
-    for number, line in enumerate(lines, first):
-        source, target = split_pair(line)
-        if not source or not target:
-            raise ValueError(f"{_decoder['corpus']}, line {number}: a side is empty")
-        if chunk and scores + (len(source) + 1) * len(target) > DECODE_SCORES:
-            links += forward_links(chunk, **_decoder["model"])
-            chunk, scores = [], 0
-        chunk.append((source, target))
-        scores += (len(source) + 1) * len(target)
-    return links + forward_links(chunk, **_decoder["model"])
+def _decode_chunk(chunk: LineChunk, parts: list) -> None:
+    """Write the links of the corpus' ``chunk`` to ``parts[0]``, decoding at most
+    :data:`DECODE_SCORES` scores at a time (one pair, whatever its size, for a long pair)."""
+    with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
+        def decode(pairs: list) -> None:
+            out.write("".join(links + "\n" for links in forward_links(pairs, **_decoder["model"])))
+
+        pairs, scores = [], 0
+        for number, line in enumerate(read_chunk(_decoder["corpus"], chunk, 0), chunk.first):
+            source, target = split_pair(line.decode("utf-8"))
+            if not source or not target:
+                raise ValueError(f"{_decoder['corpus']}, line {number}: a side is empty")
+            if pairs and scores + (len(source) + 1) * len(target) > DECODE_SCORES:
+                decode(pairs)
+                pairs, scores = [], 0
+            pairs.append((source, target))
+            scores += (len(source) + 1) * len(target)
+        if pairs:
+            decode(pairs)
 
 
 def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 0) -> None:
-    """Write the forward links of every line of ``corpus`` to ``out``; the lines are decoded
-    in ``workers`` processes (the training is on one thread whatever ``workers`` is, so the
-    links are the same for any number). ``sample``: train on this many pairs (see the
-    module docstring); 0, or a number no smaller than the corpus, trains on every pair."""
-    total = count_lines(corpus)
+    """Write the forward links of every line of ``corpus`` to ``out`` (a binary file); the
+    lines are decoded in ``workers`` processes (the training is on one thread whatever
+    ``workers`` is, so the links are the same for any number). ``sample``: train on this many
+    pairs (see the module docstring); 0, or a number no smaller than the corpus, trains on
+    every pair."""
+    (total,), chunks = line_chunks([corpus], DECODE_CHUNK_LINES)
     with tempfile.TemporaryDirectory(prefix="fastalign-") as workdir:
         training, missing = corpus, 0.0
         if 0 < sample < total:
@@ -337,18 +345,17 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
                 kept.writelines(spread_evenly(lines, sample, total))
         table_path, tension = train(training, workdir, settings)
         table = read_table(table_path)
-    _decoder.update(corpus=corpus, model=dict(table=table, tension=tension, settings=settings,
-                                              missing=missing))
-    gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
-    progress = Progress("align", total, unit="pairs", log=logger)
-    try:
-        with open(corpus, encoding="utf-8") as lines:
-            for links in map_batches(_decode, numbered_batches(lines, DECODE_BATCH_LINES), workers):
-                out.write("".join(line + "\n" for line in links))
-                progress.update(len(links))
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    progress.finish()
+        os.remove(table_path)
+        _decoder.update(corpus=corpus, model=dict(table=table, tension=tension,
+                                                  settings=settings, missing=missing))
+        gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
+        progress = Progress("align", total, unit="pairs", log=logger)
+        try:
+            for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out], workdir, workers):
+                progress.update(chunk.lines)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        progress.finish()
 
 
 def main(argv=None) -> None:
@@ -371,7 +378,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     settings = Settings(args.favor_diagonal, args.optimize_tension, args.variational_bayes)
-    align(args.input, settings, sys.stdout, args.workers, args.sample)
+    align(args.input, settings, sys.stdout.buffer, args.workers, args.sample)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,12 @@ computes the others and concatenates them all; any difference discards them all 
 The step removes the folder once its outputs are in place: a stage needs about twice its
 output's disk. A kill loses at most the shard being written, in every worker's flight.
 Outside a step (nothing would reuse them) the output is written directly.
+
+Chunks: where handing every line to the workers would keep this process busier than they are
+(cleaning, decoding alignments and counting their links), it only finds where every
+``chunk_lines``-th line of the files begins (:func:`line_chunks`, a scan of newlines), and each
+worker reads its chunk of the files itself (:func:`read_chunk`) and writes what it makes to part
+files that this process appends to the outputs in order (:func:`map_chunks_into`).
 """
 import collections
 import contextlib
@@ -31,7 +37,7 @@ import logging
 import multiprocessing
 import os
 import shutil
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .atomic import StepOutput, atomic_outputs, fingerprint, remove_path, running_step, shard_folder
 from .errors import PreprocessError
@@ -42,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 # Lines handed to a worker at a time.
 BATCH_LINES = 5000
+# Bytes read at a time when scanning a file for where its chunks begin.
+SCAN_BYTES = 1 << 20
 # Batches in flight per worker: enough that no worker waits for the next one.
 IN_FLIGHT_PER_WORKER = 3
 # Input lines per shard of a step's output (the environment may say otherwise).
@@ -107,6 +115,74 @@ def map_batches(fn: Callable[[list], object], batches: Iterable[list], workers: 
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+
+class LineChunk(NamedTuple):
+    """Consecutive lines of files read side by side (:func:`line_chunks`)."""
+    index: int
+    first: int  # the number of its first line, from 1
+    lines: int
+    starts: Tuple[int, ...]  # the byte offset of its first line in each file
+
+
+def line_starts(path: str, every: int) -> Tuple[int, List[int]]:
+    """(lines, starts): the number of lines of ``path`` (a last one without a newline
+    counts, as in :func:`.textio.count_lines`) and the byte offsets where its lines 0,
+    ``every``, 2 * ``every``... begin (the last may be the file's end, where no line
+    begins). Only ``b"\n"`` ends a line, as in :func:`.textio.read_lines`."""
+    starts, newlines, offset, last = [], 0, 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(SCAN_BYTES):
+            count = block.count(b"\n")
+            # line L begins after the file's L-th newline: the n-th of this block
+            while (n := len(starts) * every - newlines) <= count:
+                starts.append(offset + len(block) - len(block.split(b"\n", n)[n]))
+            newlines, offset, last = newlines + count, offset + len(block), block[-1:]
+    return newlines + (last != b"\n"), starts
+
+
+def line_chunks(paths: Sequence[str], chunk_lines: int) -> Tuple[List[int], List[LineChunk]]:
+    """(each file's number of lines, the chunks of ``chunk_lines`` lines that the files'
+    common lines make, the last one shorter)."""
+    scans = [line_starts(path, chunk_lines) for path in paths]
+    totals = [total for total, _ in scans]
+    chunks = [LineChunk(index, first + 1, min(chunk_lines, min(totals) - first),
+                        tuple(starts[index] for _, starts in scans))
+              for index, first in enumerate(range(0, min(totals), chunk_lines))]
+    return totals, chunks
+
+
+def read_chunk(path: str, chunk: LineChunk, file: int) -> Iterator[bytes]:
+    """The lines of ``chunk`` in ``path``, the chunk's ``file``-th file, as bytes with their
+    newlines."""
+    with open(path, "rb") as f:
+        f.seek(chunk.starts[file])
+        yield from itertools.islice(f, chunk.lines)
+
+
+def map_chunks_into(fn: Callable[[LineChunk, List[str]], object], chunks: Sequence[LineChunk],
+                    outputs: Sequence[BinaryIO], folder: str, workers: int) -> Iterator[tuple]:
+    """(chunk, ``fn(chunk, parts)``) for every chunk, in order, computed by ``workers``
+    processes: ``fn`` writes one part file for each of ``outputs``, in ``folder``, which this
+    process appends to the outputs, in order, and removes; the folder must exist, and holds
+    the parts in flight at most. ``fn``: as for :func:`map_batches`."""
+    def parts(chunk: LineChunk) -> List[str]:
+        return [os.path.join(folder, f"{chunk.index:06d}.{i}") for i in range(len(outputs))]
+
+    results = map_batches(_chunk_task, [(fn, chunk, parts(chunk)) for chunk in chunks],
+                          min(workers, len(chunks)))
+    with contextlib.closing(results):
+        for chunk, result in zip(chunks, results):
+            for path, out in zip(parts(chunk), outputs):
+                with open(path, "rb") as part:
+                    shutil.copyfileobj(part, out, 1 << 20)
+                os.remove(path)
+            yield chunk, result
+
+
+def _chunk_task(task: tuple) -> object:
+    fn, chunk, parts = task
+    return fn(chunk, parts)
 
 
 def _map_lines(fn: Callable[[str], str], lines: List[str]) -> List[str]:

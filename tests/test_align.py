@@ -1,4 +1,6 @@
 """Tests of the alignment dictionary (convs2s-align-dict) for unknown-word replacement."""
+import gc
+import io
 import os
 import re
 import shutil
@@ -16,11 +18,11 @@ import numpy as np
 import pytest
 
 from conftest import DATA, ROOT
-from convs2s_preprocess.align import (COUNT_BATCH_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
-                              Aligner, aligned_pairs, build_align_dict, candidate_lines, count_corpus_links,
+from convs2s_preprocess.align import (COUNT_CHUNK_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
+                              Aligner, build_align_dict, candidate_lines, count_corpus_links,
                               count_links, find_aligner, most_frequent, ranked_candidates,
                               write_aligner_input)
-from convs2s_preprocess import fastalign
+from convs2s_preprocess import align, fastalign
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
 from convs2s_preprocess.tokenize import tokenize_file
@@ -83,12 +85,14 @@ def test_alignment_output_must_fit_the_pairs():
 
 
 @needs_reference
-@pytest.mark.parametrize("partitions", [1, 7])
-def test_counting_in_workers_and_partitions_gives_the_binarys_dictionary(tmp_path, partitions):
-    """A corpus' links are counted by workers, split by source word into partitions that
-    are summed apart and merged: from the fast_align binary's own links of Multi30k, the
-    dictionary is the one its README built from them, and the candidates are those of
-    counting everything in one process, whatever the number of partitions."""
+@pytest.mark.parametrize("partitions, chunk_lines", [(1, COUNT_CHUNK_LINES), (7, 997)])
+def test_counting_in_workers_and_partitions_gives_the_binarys_dictionary(tmp_path, monkeypatch,
+                                                                         partitions, chunk_lines):
+    """A corpus' links are counted by workers, chunk by chunk, split by source word into
+    partitions that are summed apart and merged: from the fast_align binary's own links of
+    Multi30k, the dictionary is the one its README built from them, and the candidates are
+    those of counting everything in one process, whatever the partitions and chunks."""
+    monkeypatch.setattr(align, "COUNT_CHUNK_LINES", chunk_lines)
     out, candidates = tmp_path / "align.dict", tmp_path / "candidates"
     count_corpus_links(str(REFERENCE / "corpus.en-de"), str(REFERENCE / "forward.links"), str(tmp_path),
                        2, str(out), str(candidates), partitions)
@@ -97,12 +101,12 @@ def test_counting_in_workers_and_partitions_gives_the_binarys_dictionary(tmp_pat
     assert candidates.read_text(encoding="utf-8").splitlines() == list(candidate_lines(counts))
 
 
-def test_aligner_output_that_does_not_fit_names_its_line_in_any_batch(tmp_path):
+def test_aligner_output_that_does_not_fit_names_its_line_in_any_chunk(tmp_path):
     """The errors of the links counted in workers name the line in the whole file, past the
-    first batch too."""
-    corpus = write(tmp_path / "corpus", [f"a b {SEPARATOR} c d"] * (COUNT_BATCH_LINES + 5))
-    line = COUNT_BATCH_LINES + 3
-    links = ["0-0 1-1"] * (COUNT_BATCH_LINES + 5)
+    first chunk too."""
+    corpus = write(tmp_path / "corpus", [f"a b {SEPARATOR} c d"] * (COUNT_CHUNK_LINES + 5))
+    line = COUNT_CHUNK_LINES + 3
+    links = ["0-0 1-1"] * (COUNT_CHUNK_LINES + 5)
     links[line - 1] = "0-0 2-1"
     with pytest.raises(PreprocessError, match=f"alignment line {line} .* does not fit"):
         count_corpus_links(corpus, write(tmp_path / "bad", links), str(tmp_path), 2, str(tmp_path / "out"))
@@ -111,16 +115,19 @@ def test_aligner_output_that_does_not_fit_names_its_line_in_any_batch(tmp_path):
                            str(tmp_path / "out"))
 
 
-def test_separator_and_empty_pairs_are_left_out_in_sync(tmp_path):
+def test_separator_and_empty_pairs_are_left_out_in_sync(tmp_path, monkeypatch):
     src = write(tmp_path / "src", ["the dog", "", "a ||| b", "two men", "   ", "a cat"])
     tgt = write(tmp_path / "tgt", ["der Hund", "leer", "x", "zwei Männer", "y", "eine|||Katze"])
     corpus = tmp_path / "corpus"
     assert write_aligner_input(src, tgt, str(corpus)) == 2
     assert corpus.read_text(encoding="utf-8") == \
         f"the dog {SEPARATOR} der Hund\ntwo men {SEPARATOR} zwei Männer\n"
-    # reading the aligner's output back pairs line N with the same pair N
-    assert list(aligned_pairs(src, tgt)) == [(["the", "dog"], ["der", "Hund"]),
-                                             (["two", "men"], ["zwei", "Männer"])]
+    # the same in workers that read chunks of the files: line N of the aligner's input, and
+    # of its output, is the same pair N
+    monkeypatch.setattr(align, "INPUT_CHUNK_LINES", 2)
+    assert write_aligner_input(src, tgt, str(tmp_path / "corpus2"), workers=2) == 2
+    assert (tmp_path / "corpus2").read_bytes() == corpus.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "corpus2", "src", "tgt"]
 
 
 def test_nothing_left_to_align_is_an_error(tmp_path):
@@ -411,6 +418,21 @@ def test_library_runs_are_identical(subset_run):
     the number of processes that decode (the fixture's run decodes in one)."""
     _, corpus, links = subset_run
     assert _library_links(corpus, "--workers", "2") == links
+
+
+@needs_reference
+@needs_systran_align
+def test_workers_reading_chunks_of_the_corpus_write_the_links_of_one_process(subset_run, monkeypatch):
+    """Each worker reads its chunk of the corpus and writes its links to a part file, which
+    are joined in order: chunks of 7 pairs in 3 workers, against one chunk in one process."""
+    _, corpus, links = subset_run
+    monkeypatch.setattr(fastalign, "DECODE_CHUNK_LINES", 7)
+    out = io.BytesIO()
+    try:
+        fastalign.align(str(corpus), fastalign.Settings(True, True, True), out, workers=3)
+    finally:
+        gc.unfreeze()
+    assert out.getvalue().decode("utf-8").splitlines() == links
 
 
 @pytest.mark.slow

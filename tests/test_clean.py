@@ -86,11 +86,11 @@ def run(src: Path, tgt: Path, workers: int, **options) -> tuple:
 @needs_data
 @pytest.mark.parametrize("last_newline", [False, True])
 @pytest.mark.parametrize("chunk_lines, scan_bytes", [(3, 4096), (13, 7), (400, 64),
-                                                     (clean.CHUNK_LINES, clean.SCAN_BYTES)])
+                                                     (clean.CHUNK_LINES, parallel.SCAN_BYTES)])
 def test_workers_write_the_bytes_of_one_process_and_of_a_plain_reading(
         tmp_path, monkeypatch, caplog, chunk_lines, scan_bytes, last_newline):
     src, tgt = write_corpus(tmp_path, last_newline)
-    monkeypatch.setattr(clean, "SCAN_BYTES", scan_bytes)
+    monkeypatch.setattr(parallel, "SCAN_BYTES", scan_bytes)
     options = [{}, {"max_len": 100_000, "ratio": None}]
     expected = [oracle(src, tgt, **o) for o in options]
     assert 0 < expected[0][2] < expected[1][2] < expected[1][3]  # the rules drop some
