@@ -457,8 +457,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help="also write each source word's aligned target words ranked by count, "
                              "with the counts, for vocabulary selection (--vocab-selection FILE)")
     parser.add_argument("--workers", type=int,
-                        help="processes that decode fast_align's model (systran-align; its "
-                             "training is on one thread) (default: the cores this process may use)")
+                        help="processes that write the aligner's input, decode fast_align's model "
+                             "(systran-align; its training is on one thread) and count the links "
+                             "(default: the cores this process may use)")
     parser.add_argument("--tmpdir", metavar="DIR",
                         help="where the aligner's work folder goes (a copy of the corpus and its "
                              "links; default: beside the output)")
