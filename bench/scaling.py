@@ -457,6 +457,9 @@ def main(argv=None) -> None:
                              "src/mosestokenizer)")
     parser.add_argument("--workdir", help="where the corpora and outputs go (default: a temporary "
                                           "folder, removed at the end)")
+    parser.add_argument("--add-runs", metavar="JSON", nargs="+", default=[],
+                        help="also fit the sizes measured by earlier runs (their --json files; the "
+                             "same machine and code) that this run does not measure")
     parser.add_argument("--json", metavar="FILE", help="write the measurements and extrapolation")
     parser.add_argument("--plot", metavar="PNG", help="draw per-core speed and the 36M extrapolation")
     args = parser.parse_args(argv)
@@ -482,6 +485,9 @@ def main(argv=None) -> None:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     fixed = runs.pop(str(FIXED_PAIRS))
+    for path in args.add_runs:
+        for size, result in json.loads(Path(path).read_text())["runs"].items():
+            runs.setdefault(size, result)
     extrapolated = extrapolate(runs, fixed, args.workers)
     print_tables(runs, extrapolated)
     if args.json:
