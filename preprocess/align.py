@@ -73,10 +73,11 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 from .atomic import run_step
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
-from .parallel import LineChunk, available_cores, line_chunks, map_batches, map_chunks_into, read_chunk
+from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map_chunks_into,
+                       parallel_chunks, read_chunk)
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
-from .textio import check_parallel, count_lines, decode_line, read_lines, sample_option, write_lines
+from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -203,16 +204,11 @@ def _aligner_input_chunk(src_path: str, tgt_path: str, chunk: LineChunk, parts: 
 def write_aligner_input(src_path: str, tgt_path: str, corpus_path: str, workers: int = 1) -> int:
     """Write the :func:`aligner_line` of every pair that has one, in ``workers`` processes
     that read chunks of the files themselves; return how many."""
-    (src_total, tgt_total), chunks = line_chunks([src_path, tgt_path], INPUT_CHUNK_LINES)
-    if src_total != tgt_total:
-        check_parallel(src_path, tgt_path)  # fails, naming both counts
+    _, chunks = parallel_chunks(src_path, tgt_path, INPUT_CHUNK_LINES)
     parts = os.path.join(os.path.dirname(os.path.abspath(corpus_path)), "input-parts")
-    os.makedirs(parts, exist_ok=True)
     write = functools.partial(_aligner_input_chunk, src_path, tgt_path)
     with open(corpus_path, "wb") as out:
-        kept = sum(n for _, n in map_chunks_into(write, chunks, [out], parts, workers))
-    os.rmdir(parts)
-    return kept
+        return sum(n for _, n in map_chunks_into(write, chunks, [out], parts, workers))
 
 
 def aligner_pair(line: str) -> tuple:
@@ -317,20 +313,20 @@ def partition_of(word: str, partitions: int) -> int:
 
 
 def _count_chunk(corpus_path: str, links_path: str, workdir: str, partitions: int,
-                 chunk: LineChunk) -> list:
-    """Count the links of a chunk of the aligner's input and its links into the file
-    ``workdir/counts-INDEX``, as ``source target count`` lines, partition after partition;
-    return where each partition's lines begin in it, and where the file ends."""
+                 chunk: LineChunk) -> tuple:
+    """Count the links of a chunk of the aligner's input and its links into a file of
+    ``workdir``, as ``source target count`` lines, partition after partition; return the
+    file and where each partition's lines begin in it, and where the file ends."""
     lines = (line.decode("utf-8") for line in read_chunk(corpus_path, chunk, 0))
     links = (line.decode("utf-8") for line in read_chunk(links_path, chunk, 1))
     texts = defaultdict(list)
     for src, targets in count_links(map(aligner_pair, lines), links, chunk.first).items():
         texts[partition_of(src, partitions)] += (f"{src} {tgt} {n}\n" for tgt, n in targets.items())
-    offsets = [0]
-    with open(os.path.join(workdir, f"counts-{chunk.index}"), "wb") as out:
+    path, offsets = os.path.join(workdir, f"counts-{chunk.index}"), [0]
+    with open(path, "wb") as out:
         for partition in range(partitions):
             offsets.append(offsets[-1] + out.write("".join(texts[partition]).encode("utf-8")))
-    return offsets
+    return path, offsets
 
 
 def _count_partition(task: tuple) -> None:
@@ -381,15 +377,14 @@ def count_corpus_links(corpus_path: str, links_path: str, workdir: str, workers:
         raise lengths_differ(min(totals) + 1)
     progress = Progress("count links", totals[0], unit="pairs", log=logger)
     count = functools.partial(_count_chunk, corpus_path, links_path, workdir, partitions)
-    offsets = []
-    for chunk, chunk_offsets in zip(chunks, map_batches(count, chunks, workers)):
-        offsets.append(chunk_offsets)
+    counted = []  # (file, offsets) of each chunk
+    for chunk, result in zip(chunks, map_batches(count, chunks, workers)):
+        counted.append(result)
         progress.update(chunk.lines)
     progress.finish()
     paths = [os.path.join(workdir, f"partition-{partition}") for partition in range(partitions)]
-    tasks = [(path, [(os.path.join(workdir, f"counts-{chunk.index}"), at[partition], at[partition + 1])
-                     for chunk, at in zip(chunks, offsets)], candidates_path is not None)
-             for partition, path in enumerate(paths)]
+    tasks = [(path, [(counts, at[partition], at[partition + 1]) for counts, at in counted],
+              candidates_path is not None) for partition, path in enumerate(paths)]
     for _ in map_batches(_count_partition, tasks, workers):
         pass
     write_lines(out_path, merged_lines([path + ".dict" for path in paths]))

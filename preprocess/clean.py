@@ -12,13 +12,12 @@ it keeps to part files, which this process appends to the outputs in order.
 """
 import functools
 import os
-import shutil
 from typing import List, Optional
 
 from .errors import PreprocessError
-from .parallel import LineChunk, line_chunks, map_chunks_into, read_chunk
+from .parallel import LineChunk, map_chunks_into, parallel_chunks, read_chunk
 from .progress import Progress
-from .textio import check_parallel, decode_line
+from .textio import decode_line
 
 DEFAULT_MAX_LEN = 175
 DEFAULT_RATIO = 1.5
@@ -58,26 +57,16 @@ def clean_corpus(src_in: str, tgt_in: str, src_out: str, tgt_out: str,
                  workers: int = 1) -> tuple:
     """Copy the pairs that pass :func:`keep_pair`, judged by ``workers`` processes; return
     (pairs kept, pairs read)."""
-    (total, tgt_total), chunks = line_chunks([src_in, tgt_in], CHUNK_LINES)
-    if tgt_total != total:
-        check_parallel(src_in, tgt_in)  # fails, naming both counts
-        raise PreprocessError(f"{src_in} or {tgt_in} changed while it was read: "
-                              "make sure nothing writes them, and run the command again")
+    total, chunks = parallel_chunks(src_in, tgt_in, CHUNK_LINES)
     directory, name = os.path.split(os.path.abspath(src_out))
     folder = os.path.join(directory, f".{name}.clean-parts")
-    shutil.rmtree(folder, ignore_errors=True)  # left by a killed run
-    os.makedirs(folder)
     kept = 0
     progress = Progress(f"clean {src_in} / {tgt_in}", total)
     clean_chunk = functools.partial(_clean_chunk, src_in, tgt_in, max_len, ratio)
-    try:
-        with open(src_out, "wb") as src_f, open(tgt_out, "wb") as tgt_f:
-            for chunk, chunk_kept in map_chunks_into(clean_chunk, chunks, [src_f, tgt_f], folder,
-                                                     workers):
-                kept += chunk_kept
-                progress.update(chunk.lines)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with open(src_out, "wb") as src_f, open(tgt_out, "wb") as tgt_f:
+        for chunk, chunk_kept in map_chunks_into(clean_chunk, chunks, [src_f, tgt_f], folder, workers):
+            kept += chunk_kept
+            progress.update(chunk.lines)
     progress.finish()
     if kept == 0:
         raise PreprocessError(

@@ -351,7 +351,8 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
         gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
         progress = Progress("align", total, unit="pairs", log=logger)
         try:
-            for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out], workdir, workers):
+            for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out],
+                                            os.path.join(workdir, "parts"), workers):
                 progress.update(chunk.lines)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None

@@ -42,7 +42,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Opt
 from .atomic import StepOutput, atomic_outputs, fingerprint, remove_path, running_step, shard_folder
 from .errors import PreprocessError
 from .progress import Progress
-from .textio import count_lines, read_lines
+from .textio import check_parallel, count_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,16 @@ def line_chunks(paths: Sequence[str], chunk_lines: int) -> Tuple[List[int], List
     return totals, chunks
 
 
+def parallel_chunks(src_path: str, tgt_path: str, chunk_lines: int) -> Tuple[int, List[LineChunk]]:
+    """(pairs, chunks) of a parallel corpus' two files (:func:`line_chunks`); files of
+    different lengths fail as :func:`.textio.check_parallel` says."""
+    (total, tgt_total), chunks = line_chunks([src_path, tgt_path], chunk_lines)
+    if tgt_total != total:
+        check_parallel(src_path, tgt_path)  # fails, naming both counts
+        raise _changed(src_path, total)  # it did not: a file changed since it was scanned
+    return total, chunks
+
+
 def read_chunk(path: str, chunk: LineChunk, file: int) -> Iterator[bytes]:
     """The lines of ``chunk`` in ``path``, the chunk's ``file``-th file, as bytes with their
     newlines."""
@@ -164,20 +174,26 @@ def map_chunks_into(fn: Callable[[LineChunk, List[str]], object], chunks: Sequen
                     outputs: Sequence[BinaryIO], folder: str, workers: int) -> Iterator[tuple]:
     """(chunk, ``fn(chunk, parts)``) for every chunk, in order, computed by ``workers``
     processes: ``fn`` writes one part file for each of ``outputs``, in ``folder``, which this
-    process appends to the outputs, in order, and removes; the folder must exist, and holds
-    the parts in flight at most. ``fn``: as for :func:`map_batches`."""
+    process appends to the outputs, in order, and removes. The folder is made anew (a killed
+    run's is removed first), holds the parts in flight at most, and is removed at the end,
+    or when the caller stops early or fails. ``fn``: as for :func:`map_batches`."""
     def parts(chunk: LineChunk) -> List[str]:
         return [os.path.join(folder, f"{chunk.index:06d}.{i}") for i in range(len(outputs))]
 
+    remove_path(folder)
+    os.makedirs(folder)
     results = map_batches(_chunk_task, [(fn, chunk, parts(chunk)) for chunk in chunks],
                           min(workers, len(chunks)))
-    with contextlib.closing(results):
-        for chunk, result in zip(chunks, results):
-            for path, out in zip(parts(chunk), outputs):
-                with open(path, "rb") as part:
-                    shutil.copyfileobj(part, out, 1 << 20)
-                os.remove(path)
-            yield chunk, result
+    try:
+        with contextlib.closing(results):
+            for chunk, result in zip(chunks, results):
+                for path, out in zip(parts(chunk), outputs):
+                    with open(path, "rb") as part:
+                        shutil.copyfileobj(part, out, 1 << 20)
+                    os.remove(path)
+                yield chunk, result
+    finally:
+        remove_path(folder)
 
 
 def _chunk_task(task: tuple) -> object:
