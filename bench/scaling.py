@@ -66,6 +66,7 @@ SRC, TGT = "en", "de"
 SOURCES = [("multi30k", "train"), ("multi30k", "val"), ("multi30k", "test_2016_flickr"),
            ("wmt14-en-de", "newstest2013"), ("wmt14-en-de", "newstest2014")]
 STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize", "align dict"]
+PREPARATION = STAGES[:-1]  # raw text to binarized data: the stages but the alignment dictionary
 # The serial fraction of each stage where a run on one worker cannot tell it.
 SERIAL = {"tokenize": 0.0, "clean": 0.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
           "align dict": 0.8, "align dict less training": 0.2}
@@ -361,9 +362,8 @@ def totals(extrapolated: dict) -> dict:
     - fairseq's pipeline: its stages one after the other.
     """
     result = {}
-    for name, pipeline, stages in (("ours, BPE", "ours", STAGES[:-1]),
-                                   ("fairseq's pipeline", "reference", STAGES[:-1])):
-        cells = [extrapolated.get(pipeline, {}).get(stage) for stage in stages]
+    for name, pipeline in (("ours, BPE", "ours"), ("fairseq's pipeline", "reference")):
+        cells = [extrapolated.get(pipeline, {}).get(stage) for stage in PREPARATION]
         result[name] = {key: sum(cell[key]["hours"] for cell in cells if cell)
                         for key in (f"{n}x{c}" for n, c in TARGETS)}
     ours = extrapolated.get("ours", {})
@@ -426,7 +426,7 @@ def plot(runs: dict, extrapolated: dict, path: str) -> None:
     groups = [(pipeline, pairs, cores) for pairs, cores in TARGETS if pairs == 36_000_000
               for pipeline in ("ours", "reference") if pipeline in extrapolated]
     bottoms = [0.0] * len(groups)
-    for stage in STAGES[:-1]:  # the alignment dictionary apart: not part of the data's preparation
+    for stage in PREPARATION:
         heights = [extrapolated[p].get(stage, {}).get(f"{n}x{c}", {"hours": 0})["hours"] for p, n, c in groups]
         right.bar(range(len(groups)), heights, bottom=bottoms, label=stage)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
