@@ -41,6 +41,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Opt
 
 from .atomic import StepOutput, atomic_outputs, fingerprint, remove_path, running_step, shard_folder
 from .errors import PreprocessError
+from .processes import worker_pool
 from .progress import Progress
 from .textio import check_parallel, count_lines, read_lines
 
@@ -107,7 +108,7 @@ def map_batches(fn: Callable[[list], object], batches: Iterable[list], workers: 
     if workers <= 1:
         yield from map(fn, batches)
         return
-    with _context().Pool(workers) as pool:
+    with worker_pool(workers, _context()) as pool:
         pending = collections.deque()
         for batch in batches:
             pending.append(pool.apply_async(fn, (batch,)))

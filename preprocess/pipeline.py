@@ -65,7 +65,7 @@ from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import available_cores
-from .processes import beside
+from .processes import beside, exit_on_sigterm
 from .textio import check_parallel, sample_option
 from .tokenize import tokenize_file
 
@@ -276,6 +276,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
 def main(argv: Optional[list] = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
+    exit_on_sigterm()
     try:
         with full_disk_reported(args.outdir), output_lock(args.outdir):
             prepare(args.outdir, args.source_lang, args.target_lang, args.trainpref,
@@ -287,6 +288,9 @@ def main(argv: Optional[list] = None) -> None:
                     align_dict=args.align_dict, tmpdir=args.tmpdir)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted: the finished steps and shards in {args.outdir} are kept; "
+                 "run the same command again to go on from them")
 
 
 if __name__ == "__main__":

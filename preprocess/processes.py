@@ -24,7 +24,9 @@ work fails or is interrupted, and hands back its error, as one line, when it fai
 """
 import contextlib
 import ctypes
+import functools
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import subprocess
@@ -44,23 +46,43 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
+@functools.lru_cache(maxsize=None)
 def _prctl():
     return ctypes.CDLL(None, use_errno=True).prctl
 
 
+def _die_with(parent: int, sig: int) -> None:
+    _prctl()(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), sig)
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that has the kernel send ``sig`` to the child when this process
-    dies (Linux; None elsewhere)."""
+    """A ``preexec_fn`` or pool ``initializer`` (picklable) that has the kernel send ``sig``
+    to the child when this process dies (Linux; None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
-    prctl = _prctl()  # looked up before the fork
-    parent = os.getpid()
+    _prctl()  # looked up before a fork: a child of a threaded process must not load libraries
+    return functools.partial(_die_with, os.getpid(), sig)
 
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, sig)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os.kill(os.getpid(), sig)
-    return preexec
+
+def _start_pool_worker(die: Optional[Callable[[], None]]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The pool stops its workers with SIGTERM: the kernel's default action, not the handler
+    # of exit_on_sigterm inherited from this process (a Python handler runs only when the
+    # worker's wait for its next batch is interrupted, and a signal that arrives just before
+    # that wait is only noticed after it: Pool.terminate then waits for ever).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if die:
+        die()
+
+
+def worker_pool(workers: int, context=multiprocessing) -> multiprocessing.pool.Pool:
+    """A process pool whose workers leave Ctrl-C to this process (it reaches the whole
+    process group; this process answers it and the pool's end stops them) and die with it
+    (Linux): a killed or interrupted command leaves no worker finishing its batch for
+    nobody, nor their tracebacks."""
+    return context.Pool(workers, initializer=_start_pool_worker, initargs=(die_with_parent(),))
 
 
 def run_child(cmd: Sequence[str], stdout, stderr, cwd: str, env: dict) -> int:

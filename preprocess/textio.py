@@ -4,11 +4,11 @@ Every step of the pipeline reads and writes one sentence per line, line N of one
 aligned with line N of the other (the layout of the WMT data, Sennrich's WMT16 scripts and
 ``fairseq-preprocess``).
 """
-import multiprocessing
 import os
 from typing import Callable, Iterable, Iterator
 
 from .errors import PreprocessError
+from .processes import worker_pool
 
 # Lines handed to a worker process at a time when a file is mapped in parallel.
 CHUNK_LINES = 2000
@@ -92,5 +92,5 @@ def map_lines(fn: Callable[[str], str], in_path: str, out_path: str, workers: in
     lines = read_lines(in_path)
     if workers <= 1:
         return write_lines(out_path, map(fn, lines))
-    with multiprocessing.Pool(workers) as pool:
+    with worker_pool(workers) as pool:
         return write_lines(out_path, pool.imap(fn, lines, chunksize=CHUNK_LINES))

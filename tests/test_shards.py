@@ -7,6 +7,7 @@ documented CONVS2S_SHARD_LINES.
 import json
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -193,3 +194,61 @@ def test_bad_shard_size_is_one_clear_error(tmp_path, monkeypatch):
     with pytest.raises(PreprocessError, match=f"{SHARD_VARIABLE}='1e6': give a whole number"):
         _tokenize_step(raw, tmp_path / "tok.en")
     assert sorted(os.listdir(tmp_path)) == ["raw.en"]
+
+
+def _start_tokenizing(tmp_path: Path, log: Path) -> tuple:
+    """convs2s-prepare in a session of its own, once its workers are tokenizing 232,000
+    lines (Multi30k's training set 8 times); the process and the tokenized file's path."""
+    for lang in ("en", "de"):
+        path = tmp_path / f"train.{lang}"
+        if not path.exists():
+            path.write_text("".join(_lines(lang, 29_000)) * 8, encoding="utf-8")
+    argv = command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", "train", "-o",
+                   "out", "--bpe-merges", 200, "--workers", 2)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env={**ENV, SHARD_VARIABLE: "5000"},
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    tok = tmp_path / "out" / "tok" / "train.en"
+    assert wait_until(lambda: len(_finished(tok)) >= 2 or proc.poll() is not None, 60)
+    assert proc.poll() is None and len(_finished(tok)) < 40, "interrupted too late"
+    return proc, argv, tok
+
+
+@needs_data
+def test_workers_of_a_killed_prepare_end_without_a_traceback(tmp_path):
+    """SIGKILL of convs2s-prepare while its workers tokenize: they end with it, silently
+    (they used to finish their batch and print BrokenPipeError tracebacks on sending it)."""
+    proc, _, _ = _start_tokenizing(tmp_path, tmp_path / "run.log")
+    _kill(proc, tmp_path)
+    log = (tmp_path / "run.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+INTERRUPTED = ("interrupted: the finished steps and shards in out are kept; "
+               "run the same command again to go on from them")
+
+
+@needs_data
+@pytest.mark.parametrize("sig, status, last_line", [(signal.SIGINT, 1, INTERRUPTED),
+                                                    (signal.SIGTERM, 143, None)])
+def test_ctrl_c_or_sigterm_stop_cleanly_and_the_rerun_goes_on(tmp_path, sig, status, last_line):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM (as a
+    batch scheduler sends it) while the workers tokenize: Ctrl-C's one line, no traceback
+    from this process or its workers, no process or half-written file left, and the rerun
+    resumes from the finished shards."""
+    proc, argv, tok = _start_tokenizing(tmp_path, tmp_path / "run.log")
+    os.killpg(proc.pid, sig)
+    assert proc.wait(timeout=60) == status
+    assert wait_until(lambda: not processes_mentioning(str(tmp_path)), 10), \
+        f"left running after {sig.name}: {processes_mentioning(str(tmp_path))}"
+    log = (tmp_path / "run.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    if last_line:
+        assert log.splitlines()[-1] == last_line
+    finished = len(_finished(tok))
+    assert finished >= 2 and not list((tmp_path / "out").rglob("*.tmp"))
+
+    done = subprocess.run(argv, cwd=tmp_path, env={**ENV, SHARD_VARIABLE: "5000"}, text=True,
+                          capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming: {finished} of {232_000 // 5000 + 1} shards already done" in done.stderr
