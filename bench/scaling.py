@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.parallel import available_cores
@@ -150,9 +151,19 @@ def tree_memory_kib(root: int) -> int:
     return total
 
 
-def _seconds(duration: str) -> int:
-    hours, minutes, seconds = map(int, duration.split(":"))
-    return hours * 3600 + minutes * 60 + seconds
+# The end of fast_align's training in an aligner's log, its duration as Progress writes it
+# (str of a timedelta: "1 day, 2:03:04" past a day).
+TRAINED = re.compile(r"train fast_align's model: .* in (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)$",
+                     re.MULTILINE)
+
+
+def training_seconds(log: str) -> Optional[int]:
+    """The seconds that fast_align's training took according to ``log``; None if not there."""
+    trained = TRAINED.search(log)
+    if not trained:
+        return None
+    days, hours, minutes, seconds = (int(part or 0) for part in trained.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def measure(commands: list) -> dict:
@@ -184,9 +195,9 @@ def measure(commands: list) -> dict:
             wall += time.monotonic() - start
             cpu += usage.ru_utime + usage.ru_stime
             peak = max(peak, peaks[0] / 1024, usage.ru_maxrss / 1024)
-            trained = re.search(r"train fast_align's model: .* in (\d+:\d\d:\d\d)", log)
-            if trained:
-                train = (train or 0) + _seconds(trained[1])
+            trained = training_seconds(log)
+            if trained is not None:
+                train = (train or 0) + trained
     return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak,
             **({"train_s": train} if train is not None else {})}
 

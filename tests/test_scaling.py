@@ -1,13 +1,16 @@
 """bench.scaling: the corpora it builds from the shared data, its extrapolation, and a smoke run."""
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
-from bench.scaling import FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals
+from bench.scaling import (FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals,
+                           training_seconds)
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
+from convs2s_preprocess.progress import Progress
 
 needs_data = pytest.mark.skipif(not (DATA / "multi30k").is_dir() or not (DATA / "wmt14-en-de").is_dir(),
                                 reason=f"Multi30k or WMT14 en-de not found under {DATA}")
@@ -26,6 +29,20 @@ def test_corpus_repeats_the_shared_pairs_with_variation(tmp_path):
     assert len(later) > 0.99 * (size - len(pairs)) and not later & set(pairs)  # new sentences
     words = {w for line in src[:len(pairs)] for w in line.split()}
     assert len({w for line in src for w in line.split()}) > 1.2 * len(words)  # and new words
+
+
+@pytest.mark.parametrize("seconds", [42, 7_384, 93_784, 2 * 86_400 + 5])
+def test_the_training_time_is_read_from_the_aligners_log_past_a_day(caplog, seconds):
+    """The aligner's last progress line, as Progress writes it ("in 1 day, 2:03:04" past a day:
+    the benchmark did not find it before)."""
+    caplog.set_level(logging.INFO)
+    progress = Progress("train fast_align's model", 12, unit="pair passes")
+    progress.update(12)
+    progress.start -= seconds
+    progress.finish()
+    log = "\n".join(f"2026-11-25 23:48:25,659 | {r.getMessage()}" for r in caplog.records)
+    assert training_seconds(log) == seconds
+    assert training_seconds("2026-11-25 23:48:25,659 | decode: 12/12 pairs in 0:00:01") is None
 
 
 def _stage(wall, cpu, peak=100.0):
