@@ -208,8 +208,9 @@ def _python(code: str) -> list:
     return [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.WARNING)\n" + code]
 
 
-def ours(raw: Path, work: Path, workers: int, merges: int, align: bool) -> dict:
-    """Each stage of convs2s-prepare (as its functions run it) and convs2s-align-dict."""
+def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=()) -> dict:
+    """Each stage of convs2s-prepare (as its functions run it) and convs2s-align-dict, but
+    those in ``skip`` (whose outputs an earlier run in ``work`` left)."""
     tok, clean, bpe, bindir = work / "tok", work / "clean", work / "bpe", work / "bin"
     sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
     stages = {
@@ -232,7 +233,7 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool) -> dict:
         stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.align", "--src", sides(clean)[0],
                                 "--tgt", sides(clean)[1], "-o", str(work / "align.dict"),
                                 "--workers", str(workers)]
-    return {stage: measure([(argv, None, None)]) for stage, argv in stages.items()}
+    return {stage: measure([(argv, None, None)]) for stage, argv in stages.items() if stage not in skip}
 
 
 def moses_scripts(folder: Path) -> tuple:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from bench.cores import serial_fraction
 from bench.scaling import (FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals,
                            training_seconds)
 from conftest import DATA, ROOT
@@ -106,3 +107,23 @@ def test_smoke_run_writes_table_json_and_plot(tmp_path):
     record = json.loads(out.read_text())
     assert set(record["runs"]["1000"]["ours"]) == set(STAGES) and str(FIXED_PAIRS) not in record["runs"]
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_serial_fraction_reads_amdahls_law_back():
+    """bench.cores: the serial fraction that two wall times give is the one that made them."""
+    for s in (0.0, 0.06, 0.5, 1.0):
+        wall = lambda n: 100 * (s + (1 - s) / n)  # noqa: E731
+        assert serial_fraction(2, wall(2), 16, wall(16)) == pytest.approx(s)
+
+
+@needs_data
+def test_cores_smoke_run_learns_bpe_once_and_times_every_stage_per_count(tmp_path):
+    """bench.cores on 2,000 pairs with 1 and 2 workers (about 20 s on 2 cores)."""
+    out = tmp_path / "cores.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.cores", "--size", "2000", "--workers", "1", "2",
+                           "--merges", "100", "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "speed-up over 1 workers" in proc.stdout and " binarize " in proc.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert set(runs["2"]) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
+    assert set(runs["1"]) == set(runs["2"]) - {"learn BPE"}

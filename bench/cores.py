@@ -1,0 +1,86 @@
+"""How our data preparation's stages scale with the cores of one machine.
+
+``python -m bench.cores --size 2000000 --workers 2 16 --json cores.json``
+
+``bench.scaling`` extrapolates each stage from the cores at hand to 32 by Amdahl's law, with
+the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
+On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
+runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, apply BPE
+and binarize each time; learning BPE once, with the most workers (its counting runs on
+every core, its merges on one, so it is the same at any count but for the counting). For
+each stage and count it prints the wall time, the CPU time of all its processes, the
+speed-up over the fewest workers, and the serial fraction ``s`` that the fewest and each
+larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``, solved from the two
+wall times): the share of the stage that more cores do not shorten (process start, the
+import of fairseq, this process's reading and writing). Run it on a machine with many
+cores, alone; a smoke run: ``python -m bench.cores --size 20000 --workers 1 2 --merges 500``.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from convs2s_recipes.corpora import data_root
+from fairseq_convs2s_ext.hardware import cpu_model
+
+from .scaling import base_pairs, build_corpus, ours
+
+PARALLEL = ["tokenize", "clean", "apply BPE", "binarize"]
+
+
+def serial_fraction(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
+    """Amdahl's serial fraction s from the wall times on ``fewest`` and ``more`` workers."""
+    ratio = wall_fewest / wall_more
+    return (1 / fewest - ratio / more) / (ratio - ratio / more - 1 + 1 / fewest)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.cores", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=2_000_000, help="pairs (default 2000000)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, os.cpu_count()],
+                        help="worker counts, at least two (default: 2 and the machine's cores)")
+    parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
+    parser.add_argument("--workdir", help="where the corpus and outputs go (default: temporary)")
+    parser.add_argument("--json", metavar="FILE", help="write the measurements")
+    args = parser.parse_args(argv)
+    counts = sorted(set(args.workers))
+    if len(counts) < 2:
+        parser.error("--workers: give at least two counts")
+    machine = f"{cpu_model()}, {os.cpu_count()} cores"
+    with tempfile.TemporaryDirectory(prefix="convs2s-cores-") as temp:
+        work = Path(args.workdir or temp)
+        (work / "out").mkdir(parents=True, exist_ok=True)
+        build_corpus(base_pairs(Path(data_root())), args.size, work / "raw")
+        runs = {}
+        for workers in reversed(counts):  # the most first: it learns the BPE codes
+            print(f"{args.size:,} pairs, {workers} workers", file=sys.stderr, flush=True)
+            skip = () if workers == counts[-1] else ("learn BPE",)
+            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=False,
+                                 skip=skip)
+    print(f"{machine}; {args.size:,} pairs; wall s / CPU s; speed-up over {counts[0]} workers; "
+          "serial fraction")
+    print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>26}" for n in counts))
+    for stage in ["learn BPE"] + PARALLEL:
+        cells = []
+        for workers in counts:
+            run = runs[workers].get(stage)
+            if run is None:
+                cells.append(f"{'':>26}")
+                continue
+            cell = f"{run['wall_s']:.1f} / {run['cpu_s']:.1f}"
+            base = runs[counts[0]].get(stage)
+            if base and workers != counts[0]:
+                s = serial_fraction(counts[0], base["wall_s"], workers, run["wall_s"])
+                cell += f" {base['wall_s'] / run['wall_s']:.1f}x s={s:.2f}"
+            cells.append(f"{cell:>26}")
+        print(f"{stage:>10} " + " ".join(cells))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args),
+                                               "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
