@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
-from .parallel import batched, map_batches, map_file
+from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .progress import Progress
 from .textio import count_lines, map_lines, read_lines, spread_evenly
 
@@ -28,7 +28,8 @@ DEFAULT_MERGES = 40000
 DEFAULT_SAMPLE = 0
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
-# Lines per batch of word counting: its result, a Counter, is sent back whole.
+# Lines per batch of word counting and per chunk of finding the distinct words: its
+# result, a Counter or a set, is sent back whole.
 COUNT_BATCH_LINES = 50000
 # Distinct words per batch of segmenting them.
 SEGMENT_BATCH_WORDS = 5000
@@ -218,19 +219,19 @@ def apply_bpe(line: str, codes_path: str) -> str:
     return _load_codes(codes_path).segment(line)
 
 
-def _distinct_words(lines: list) -> tuple:
-    """(number of lines, the distinct words of ``lines``, read as bytes: the empty one
+def _distinct_words(in_path: str, chunk: LineChunk) -> tuple:
+    """(number of lines, the distinct words of ``chunk`` of ``in_path``: the empty one
     among them where a line has none or two spaces in a row). A line that is not UTF-8 is
     left out: reading the file again to map its lines reports it, with its number, after
     the shards before it are written."""
-    words = set()
-    for raw in lines:
+    words, lines = set(), 0
+    for lines, raw in enumerate(read_chunk(in_path, chunk, 0), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
             continue
         words.update(_words(line))
-    return len(lines), words
+    return lines, words
 
 
 def _segment_words(words: list, codes_path: str) -> tuple:
@@ -269,10 +270,10 @@ def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> d
     ``workers`` processes, each distinct word once."""
     progress = Progress(f"find the words of {in_path}", count_lines(in_path), unit="lines")
     words = set()
-    with open(in_path, "rb") as lines:
-        for batch, batch_words in map_batches(_distinct_words, batched(lines, COUNT_BATCH_LINES), workers):
-            words |= batch_words
-            progress.update(batch)
+    _, chunks = line_chunks([in_path], COUNT_BATCH_LINES)
+    for lines, chunk_words in map_batches(functools.partial(_distinct_words, in_path), chunks, workers):
+        words |= chunk_words
+        progress.update(lines)
     progress.finish()
     words.discard("")
     words = list(words)

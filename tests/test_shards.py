@@ -15,9 +15,10 @@ import pytest
 
 from conftest import DATA
 from convs2s_preprocess.atomic import run_step, shard_folder
-from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe
+from convs2s_preprocess import parallel
+from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.parallel import MANIFEST, SHARD_VARIABLE
+from convs2s_preprocess.parallel import MANIFEST, SHARD_VARIABLE, map_file
 from convs2s_preprocess.tokenize import tokenize_file
 from faults import ENV, command, processes_mentioning, wait_until
 
@@ -252,3 +253,32 @@ def test_ctrl_c_or_sigterm_stop_cleanly_and_the_rerun_goes_on(tmp_path, sig, sta
                           capture_output=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming: {finished} of {232_000 // 5000 + 1} shards already done" in done.stderr
+
+
+def test_chunks_of_shards_in_workers_give_every_line_in_order(tmp_path, monkeypatch, caplog):
+    """map_file's workers read chunks of 7 lines of shards of 30 (ragged at both ends), of
+    a file with blank lines, \\r endings and a last line without a newline: the output is
+    the lines mapped in order, in a step and outside one; invalid UTF-8 in a chunk that a
+    worker reads is named with its line, after the shard before it is finished."""
+    monkeypatch.setattr(parallel, "MAP_CHUNK_LINES", 7)
+    monkeypatch.setenv(SHARD_VARIABLE, "30")
+    caplog.set_level("INFO")
+    lines = [f"line@@ {n} of@@ f" if n % 9 else ("  \r" if n % 2 else "") for n in range(1, 101)]
+    raw = tmp_path / "raw"
+    raw.write_bytes("\n".join(lines).encode())  # no newline after the last
+    expected = "".join(remove_bpe(line.rstrip("\r")) + "\n" for line in lines)
+
+    assert map_file(remove_bpe, str(raw), str(tmp_path / "plain"), workers=3) == 100
+    assert (tmp_path / "plain").read_text(encoding="utf-8") == expected
+    out = tmp_path / "stepped"
+    run_step("remove BPE", [str(raw)], [str(out)],
+             lambda temp: map_file(remove_bpe, str(raw), temp, workers=3, stage="unbpe"), {})
+    assert out.read_text(encoding="utf-8") == expected
+    assert not list(tmp_path.glob(".*.parts")) and not list(tmp_path.glob(".*.shards"))
+
+    raw.write_bytes("\n".join(lines[:44]).encode() + b"\ncaf\xe9\n" + "\n".join(lines[45:]).encode())
+    bad = tmp_path / "bad"
+    with pytest.raises(PreprocessError, match=f"^{raw}, line 45: not valid UTF-8"):
+        run_step("remove BPE", [str(raw)], [str(bad)],
+                 lambda temp: map_file(remove_bpe, str(raw), temp, workers=3, stage="unbpe"), {})
+    assert sorted(_finished(bad)) == ["000000"]
