@@ -30,7 +30,7 @@ from .scaling import base_pairs, build_corpus, ours
 PARALLEL = ["tokenize", "clean", "apply BPE", "binarize"]
 
 
-def serial_fraction(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
+def serial_from_walls(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
     """Amdahl's serial fraction s from the wall times on ``fewest`` and ``more`` workers."""
     ratio = wall_fewest / wall_more
     return (1 / fewest - ratio / more) / (ratio - ratio / more - 1 + 1 / fewest)
@@ -73,7 +73,7 @@ def main(argv=None) -> None:
             cell = f"{run['wall_s']:.1f} / {run['cpu_s']:.1f}"
             base = runs[counts[0]].get(stage)
             if base and workers != counts[0]:
-                s = serial_fraction(counts[0], base["wall_s"], workers, run["wall_s"])
+                s = serial_from_walls(counts[0], base["wall_s"], workers, run["wall_s"])
                 cell += f" {base['wall_s'] / run['wall_s']:.1f}x s={s:.2f}"
             cells.append(f"{cell:>26}")
         print(f"{stage:>10} " + " ".join(cells))

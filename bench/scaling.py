@@ -324,9 +324,22 @@ def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
     return min(1.0, max(0.0, (wall / cpu - 1 / workers) / (1 - 1 / workers)))
 
 
-def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
+def measured_serial(path: str) -> dict:
+    """{stage: serial fraction} of our stages by bench.cores (its JSON): Amdahl's law read
+    from the wall times of its fewest and most workers."""
+    from .cores import serial_from_walls
+    runs = json.loads(Path(path).read_text())["runs"]
+    few, many = sorted(runs, key=int)[0], sorted(runs, key=int)[-1]
+    return {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
+                                                       int(many), runs[many][stage]["wall_s"])))
+            for stage in runs[few] if stage in runs[many]}
+
+
+def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = None) -> dict:
     """{pipeline: {stage: {"PAIRSxCORES": {"hours", "peak_gib"}}}} from the measured sizes,
-    less the ``fixed`` costs (the stages' times on FIXED_PAIRS pairs).
+    less the ``fixed`` costs (the stages' times on FIXED_PAIRS pairs). ``serial``: our
+    stages' serial fractions as measured on many cores (:func:`measured_serial`), instead of
+    those read from the runs' wall and CPU times on ``workers``.
 
     Our alignment dictionary trains fast_align's model on at most
     ``DEFAULT_TRAIN_SAMPLE`` pairs: its training time (logged, one thread) is extrapolated
@@ -352,6 +365,8 @@ def extrapolate(runs: dict, fixed: dict, workers: int) -> dict:
             a, b = _fit([int(n) for n in ns], cpu, *((1.0, 1.0) if capped else (0.5, 2.0)))
             ma, mb = _fit([int(n) for n in ns], [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
             s = serial_fraction("align dict less training" if capped else stage, wall[-1], cpu[-1], workers)
+            if serial and pipeline == "ours" and stage in serial:
+                s = serial[stage]
             for pairs, cores in TARGETS:
                 trained = min(pairs, DEFAULT_TRAIN_SAMPLE) if capped else pairs
                 seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores) \
@@ -390,7 +405,7 @@ def totals(extrapolated: dict) -> dict:
     return result
 
 
-def print_tables(runs: dict, extrapolated: dict) -> None:
+def print_tables(runs: dict, extrapolated: dict, serial: Optional[dict] = None) -> None:
     for size, result in sorted(runs.items(), key=lambda item: int(item[0])):
         print(f"\n{int(size):,} pairs, {result['workers']} workers")
         print(f"| stage | ours pairs/s | ours pairs/CPU-s | ours peak MiB | fairseq's pairs/s | "
@@ -403,7 +418,10 @@ def print_tables(runs: dict, extrapolated: dict) -> None:
                 cells += ([f"{int(size) / m['wall_s']:,.0f}", f"{int(size) / max(m['cpu_s'], 1e-9):,.0f}",
                            f"{m['peak_mib']:,.0f}"] if m else ["n/a"] * 3)
             print(f"| {stage} | " + " | ".join(cells) + " |")
-    print("\nExtrapolated hours (peak GiB), ideal scaling of each stage's parallel part:")
+    how = ("our stages' serial fractions as measured on many cores (" +
+           ", ".join(f"{stage} {fraction:.2f}" for stage, fraction in serial.items()) + ")"
+           if serial else "ideal scaling of each stage's parallel part")
+    print(f"\nExtrapolated hours (peak GiB), {how}:")
     header = [f"{pairs / 1e6:g}M pairs, {cores} cores" for pairs, cores in TARGETS]
     print("| pipeline | stage | " + " | ".join(header) + " |")
     print("|---|---|" + "---:|" * len(TARGETS))
@@ -455,8 +473,9 @@ def plot(runs: dict, extrapolated: dict, path: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 500_000],
-                        help="corpus sizes in pairs (default 100000 500000)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 500_000],
+                        help="corpus sizes in pairs (default 100000 500000); none: only "
+                             "extrapolate the runs of --add-runs")
     parser.add_argument("--with-2m", action="store_true", help="also 2,000,000 pairs")
     parser.add_argument("--workers", type=int, default=available_cores(),
                         help="processes per stage, both pipelines (default: the cores available)")
@@ -472,15 +491,20 @@ def main(argv=None) -> None:
     parser.add_argument("--add-runs", metavar="JSON", nargs="+", default=[],
                         help="also fit the sizes measured by earlier runs (their --json files; the "
                              "same machine and code) that this run does not measure")
+    parser.add_argument("--serial", metavar="CORES_JSON",
+                        help="our stages' serial fractions from bench.cores' --json on a machine "
+                             "with many cores, instead of those read from this run's workers")
     parser.add_argument("--json", metavar="FILE", help="write the measurements and extrapolation")
     parser.add_argument("--plot", metavar="PNG", help="draw per-core speed and the 36M extrapolation")
     args = parser.parse_args(argv)
     sizes = sorted(set(args.sizes + ([2_000_000] if args.with_2m else [])))
+    if not sizes and not args.add_runs:
+        parser.error("give --sizes to measure, or --add-runs to extrapolate")
     pairs = base_pairs(Path(data_root()))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="convs2s-scaling-"))
     runs = {}
     try:
-        for size in [FIXED_PAIRS] + sizes:
+        for size in [FIXED_PAIRS] * bool(sizes) + sizes:
             folder = workdir / str(size)
             for name in ("ours", "reference"):
                 (folder / name).mkdir(parents=True, exist_ok=True)
@@ -496,12 +520,15 @@ def main(argv=None) -> None:
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    fixed = runs.pop(str(FIXED_PAIRS))
+    fixed = runs.pop(str(FIXED_PAIRS), None)
     for path in args.add_runs:
-        for size, result in json.loads(Path(path).read_text())["runs"].items():
+        earlier = json.loads(Path(path).read_text())
+        fixed = fixed or earlier["fixed"]
+        for size, result in earlier["runs"].items():
             runs.setdefault(size, result)
-    extrapolated = extrapolate(runs, fixed, args.workers)
-    print_tables(runs, extrapolated)
+    serial = measured_serial(args.serial) if args.serial else None
+    extrapolated = extrapolate(runs, fixed, args.workers, serial)
+    print_tables(runs, extrapolated, serial)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "base_pairs": len(pairs),
                                                "fixed": fixed, "runs": runs,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench.cores import serial_fraction
+from bench.cores import serial_from_walls
 from bench.scaling import (FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals,
                            training_seconds)
 from conftest import DATA, ROOT
@@ -65,6 +65,12 @@ def test_extrapolation_follows_the_fit_and_amdahl():
     assert bpe["36000000x32"]["hours"] == pytest.approx((1 + 36_000) / 3600, rel=1e-6)
     assert tokenize["4500000x2"]["peak_gib"] > 4 * 50 / 1024  # memory that grew with the corpus
 
+    # a serial fraction measured on many cores (bench.cores) replaces the one read from 2
+    measured = extrapolate(runs, fixed, workers=2, serial={"tokenize": 0.25})
+    assert measured["ours"]["tokenize"]["36000000x32"]["hours"] == \
+        pytest.approx((1 + 36_000 * (0.25 + 0.75 / 32)) / 3600, rel=1e-6)
+    assert measured["reference"] == extrapolate(runs, fixed, workers=2)["reference"]  # ours only
+
 
 def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion():
     """Our alignment dictionary: fast_align's training (logged) stops growing at the
@@ -113,7 +119,7 @@ def test_serial_fraction_reads_amdahls_law_back():
     """bench.cores: the serial fraction that two wall times give is the one that made them."""
     for s in (0.0, 0.06, 0.5, 1.0):
         wall = lambda n: 100 * (s + (1 - s) / n)  # noqa: E731
-        assert serial_fraction(2, wall(2), 16, wall(16)) == pytest.approx(s)
+        assert serial_from_walls(2, wall(2), 16, wall(16)) == pytest.approx(s)
 
 
 @needs_data
