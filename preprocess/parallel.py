@@ -2,9 +2,8 @@
 
 Tokenizing, applying BPE, cleaning, finding or counting words and decoding alignments
 treat each line on their own. Where handing every line to the workers would keep this
-process busier than they are, which on 16 cores it did (tokenizing 2,000,000 lines sped up
-3.1 times from 2 workers, where the workers had time to do it 8 times as fast), this process
-only finds where every so many lines of the files begin (:func:`line_chunks`, a scan of
+process busier than they are (on 16 cores that held tokenizing to 3.1 times the speed of 2
+workers, bench/cores.py), this process only finds where every so many lines of the files begin (:func:`line_chunks`, a scan of
 newlines), and each worker reads its chunk of the files itself (:func:`read_chunk`) and writes
 what it makes to part files that this process appends to the outputs in order
 (:func:`map_chunks_into`); :func:`map_file` maps a file's lines so. Elsewhere (counting the

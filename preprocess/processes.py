@@ -18,6 +18,10 @@ started itself (``eflomal-align`` runs an ``eflomal`` binary):
   it has, whatever process group or session they moved to. The command itself also gets
   SIGKILL at the guardian's death.
 
+The worker processes of a pool (:func:`worker_pool`) leave Ctrl-C to the command, die with
+it, and keep the kernel's SIGTERM, so that neither an interrupted nor a killed command leaves
+workers running or printing tracebacks.
+
 A step of this package can also run beside the others (:func:`beside`): in a forked
 process that gets SIGTERM at the parent's death, is stopped with SIGTERM when the parent's
 work fails or is interrupted, and hands back its error, as one line, when it fails.
