@@ -20,7 +20,7 @@ from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair
 
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .progress import Progress
-from .textio import count_lines, map_lines, read_lines, spread_evenly
+from .textio import count_lines, decode_line, in_sample, map_lines
 
 DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
@@ -28,9 +28,9 @@ DEFAULT_MERGES = 40000
 DEFAULT_SAMPLE = 0
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
-# Lines per batch of word counting and per chunk of finding the distinct words: its
-# result, a Counter or a set, is sent back whole.
-COUNT_BATCH_LINES = 50000
+# Lines per chunk of counting the words or finding the distinct ones: its result, a Counter
+# or a set, is sent back whole.
+COUNT_CHUNK_LINES = 50000
 # Distinct words per batch of segmenting them.
 SEGMENT_BATCH_WORDS = 5000
 
@@ -43,34 +43,33 @@ def _words(line: str) -> list:
     return line.strip("\r\n ").split(" ")
 
 
-def _count_words(lines: list) -> tuple:
-    """(number of lines, word counts of the lines), split as subword-nmt's
-    ``get_vocabulary`` splits them, in order of first occurrence."""
-    counts = Counter()
-    for line in lines:
-        counts.update(filter(None, _words(line)))  # counted in C
-    return len(lines), counts
-
-
-def sampled_lines(paths: Sequence[str], sample: int = 0) -> tuple:
-    """(number of lines, lines) of the concatenation of ``paths``, ``sample`` lines of each
-    spread evenly (the same pairs of parallel files); 0: every line."""
-    totals = [count_lines(path) for path in paths]
-    kept = [min(sample, total) if sample else total for total in totals]
-    return sum(kept), itertools.chain.from_iterable(
-        spread_evenly(read_lines(path), size, total) for path, size, total in zip(paths, kept, totals))
+def _count_words(path: str, kept: int, total: int, chunk: LineChunk) -> tuple:
+    """(lines counted, word counts) of the lines of ``chunk`` of ``path`` that a sample of
+    ``kept`` of its ``total`` lines holds (:func:`.textio.spread_evenly`'s), split as
+    subword-nmt's ``get_vocabulary`` splits them, in order of first occurrence."""
+    counts, counted = Counter(), 0
+    for number, raw in enumerate(read_chunk(path, chunk, 0), chunk.first):
+        if in_sample(number - 1, kept, total):
+            counts.update(filter(None, _words(decode_line(raw, path, number))))  # counted in C
+            counted += 1
+    return counted, counts
 
 
 def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Counter:
-    """Word counts of :func:`sampled_lines` in ``workers`` processes, each word first where
-    it first occurs, as subword-nmt counts: its codes depend on that order (words of equal
-    counts keep it when sorted)."""
-    total, lines = sampled_lines(paths, sample)
-    progress = Progress("count words for BPE", total, unit="lines")
+    """Word counts of ``paths`` (``sample`` lines of each spread evenly, the same pairs of
+    parallel files; 0: every line), each worker reading its chunks of the files, each word
+    first where it first occurs, as subword-nmt counts: its codes depend on that order (words
+    of equal counts keep it when sorted)."""
+    scans = [line_chunks([path], COUNT_CHUNK_LINES) for path in paths]
+    totals = [total for (total,), _ in scans]
+    kept = [min(sample, total) if sample else total for total in totals]
+    progress = Progress("count words for BPE", sum(kept), unit="lines")
     counts = Counter()
-    for batch, batch_counts in map_batches(_count_words, batched(lines, COUNT_BATCH_LINES), workers):
-        counts.update(batch_counts)
-        progress.update(batch)
+    for path, size, total, (_, chunks) in zip(paths, kept, totals, scans):
+        task = functools.partial(_count_words, path, size, total)
+        for counted, chunk_counts in map_batches(task, chunks, workers):
+            counts.update(chunk_counts)
+            progress.update(counted)
     progress.finish()
     return counts
 
@@ -270,7 +269,7 @@ def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> d
     ``workers`` processes, each distinct word once."""
     progress = Progress(f"find the words of {in_path}", count_lines(in_path), unit="lines")
     words = set()
-    _, chunks = line_chunks([in_path], COUNT_BATCH_LINES)
+    _, chunks = line_chunks([in_path], COUNT_CHUNK_LINES)
     for lines, chunk_words in map_batches(functools.partial(_distinct_words, in_path), chunks, workers):
         words |= chunk_words
         progress.update(lines)

@@ -54,8 +54,13 @@ def spread_evenly(items: Iterable, size: int, total: int) -> Iterator:
     ``i * size // total`` steps up. The same lines of both sides of a corpus, and every part
     of a corpus made of several sources one after the other; all items if size >= total."""
     for i, item in enumerate(items):
-        if size >= total or (i + 1) * size // total > i * size // total:
+        if in_sample(i, size, total):
             yield item
+
+
+def in_sample(i: int, size: int, total: int) -> bool:
+    """Whether :func:`spread_evenly` keeps item ``i`` (from 0) of ``total``."""
+    return size >= total or (i + 1) * size // total > i * size // total
 
 
 def sample_option(name: str, sample: int, path: str) -> dict:
