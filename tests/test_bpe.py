@@ -13,6 +13,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import DATA
+from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
 
 MULTI30K = DATA / "multi30k"
@@ -57,25 +58,30 @@ def test_apply_bpe_file_is_subword_nmts_segment_of_every_line(corpus, tmp_path, 
     assert got.count(b"@@ ") > LINES  # the codes split words: the table is used
 
 
-@pytest.mark.parametrize("lines, merges", [(2000, 3000), (300, 100000)])
-def test_learned_codes_are_subword_nmts(tmp_path, lines, merges):
+@pytest.mark.parametrize("lines, merges, workers", [(2000, 3000, 1), (2000, 3000, 2), (300, 100000, 1)])
+def test_learned_codes_are_subword_nmts(tmp_path, monkeypatch, lines, merges, workers):
     """The merge loop keeps subword-nmt's helpers and pruning but files the pairs by frequency
     instead of reading them all for each merge: the codes must still be subword-nmt's, line
     for line. 2000 lines and 3000 merges go through a rebuild of the pruned statistics;
-    300 lines run out of pairs that occur twice, through many ties (largest pair first)."""
+    300 lines run out of pairs that occur twice, through many ties (largest pair first).
+    With 2 workers the words of the two files are counted in chunks of 700 lines that each
+    worker reads itself."""
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found under {DATA}")
-    text = []
-    for lang in ("en", "de"):
+    monkeypatch.setattr(bpe, "COUNT_CHUNK_LINES", 700)
+    text, paths = [], [tmp_path / "text.en", tmp_path / "text.de"]
+    for lang, path in zip(("en", "de"), paths):
         with open(MULTI30K / f"train.{lang}", encoding="utf-8") as f:
-            text += [line for _, line in zip(range(lines), f)]
-    text += [line + "\n" for line in HOSTILE + ["x \rword \r\rword \rword"]] * 3
-    path, codes, reference = tmp_path / "text", tmp_path / "codes", io.StringIO()
-    path.write_bytes("".join(text).encode("utf-8"))
+            part = [line for _, line in zip(range(lines), f)]
+        if lang == "de":
+            part += [line + "\n" for line in HOSTILE + ["x \rword \r\rword \rword"]] * 3
+        path.write_bytes("".join(part).encode("utf-8"))
+        text += part
+    codes, reference = tmp_path / "codes", io.StringIO()
     with contextlib.redirect_stderr(io.StringIO()):
         learn_bpe(text, reference, merges)
 
-    learn_joint_bpe([str(path)], str(codes), merges)
+    learn_joint_bpe([str(path) for path in paths], str(codes), merges, workers=workers)
 
     assert codes.read_bytes().decode("utf-8").split("\n") == reference.getvalue().split("\n")
     assert reference.getvalue().count("\n") > 2000
