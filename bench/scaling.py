@@ -60,6 +60,7 @@ from typing import Optional
 
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.parallel import available_cores
+from convs2s_preprocess.textio import count_lines
 from convs2s_recipes.corpora import data_root
 
 SRC, TGT = "en", "de"
@@ -233,7 +234,10 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=())
         stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.align", "--src", sides(clean)[0],
                                 "--tgt", sides(clean)[1], "-o", str(work / "align.dict"),
                                 "--workers", str(workers)]
-    return {stage: measure([(argv, None, None)]) for stage, argv in stages.items() if stage not in skip}
+    results = {stage: measure([(argv, None, None)]) for stage, argv in stages.items() if stage not in skip}
+    if "align dict" in results:  # the pairs fast_align's model was trained on
+        results["align dict"]["train_pairs"] = min(count_lines(sides(clean)[0]), DEFAULT_TRAIN_SAMPLE)
+    return results
 
 
 def moses_scripts(folder: Path) -> tuple:
@@ -361,9 +365,12 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             if capped:  # the training apart: serial, on at most the sample
                 cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
-                ta, tb = _fit([int(n) for n in ns], [max(t, 1e-3) for t in train], 0.5, 2.0)
+                    # the pairs each run trained on: its corpus', up to the sample size of its time
+                trained_on = [runs[n][pipeline][stage].get("train_pairs", int(n)) for n in ns]
+                ta, tb = _fit(trained_on, [max(t, 1e-3) for t in train], 0.5, 2.0)
             a, b = _fit([int(n) for n in ns], cpu, *((1.0, 1.0) if capped else (0.5, 2.0)))
-            ma, mb = _fit([int(n) for n in ns], [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
+            ma, mb = _fit(trained_on if capped else [int(n) for n in ns],
+                          [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
             s = serial_fraction("align dict less training" if capped else stage, wall[-1], cpu[-1], workers)
             if serial and pipeline == "ours" and stage in serial:
                 s = serial[stage]

@@ -1,6 +1,7 @@
 """bench.scaling: the corpora it builds from the shared data, its extrapolation, and a smoke run."""
 import json
 import logging
+import math
 import subprocess
 import sys
 
@@ -76,13 +77,23 @@ def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion()
     """Our alignment dictionary: fast_align's training (logged) stops growing at the
     default sample; decoding and counting grow with the pairs from the largest size
     measured, even where the sizes measured grew faster (the built corpus' longer pairs)."""
+    cap = DEFAULT_TRAIN_SAMPLE
     fixed = {"ours": {"align dict": {**_stage(1.0, 1.0), "train_s": 0}}, "reference": {}}
-    runs = {str(n): {"ours": {"align dict": {**_stage(1 + train + rest / 2, 1 + train + rest), "train_s": train}},
+    runs = {str(n): {"ours": {"align dict": {**_stage(1 + train + rest / 2, 1 + train + rest), "train_s": train,
+                                             "train_pairs": min(n, cap)}},
                      "reference": {}}
-            for n, train, rest in ((100_000, 100, 30), (500_000, 1000, 300))}
+            for n, train, rest in ((cap // 5, 100, 30), (cap, 1000, 300))}
     hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
-    assert DEFAULT_TRAIN_SAMPLE == 500_000  # the training at 36M is the one measured at 500k
-    assert hours == pytest.approx((1 + 1000 + 300 * 72 / 2) / 3600, rel=1e-6)
+    # the training at 36M is the one measured at the cap; the rest grows with the pairs
+    assert hours == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600, rel=1e-6)
+
+    # a larger run that trained on a smaller sample (an earlier cap), at the same power of its
+    # pairs: fitted by the pairs it trained on, the prediction stays (not by its corpus' pairs)
+    train = 1000 * 0.5 ** (math.log(10) / math.log(5))
+    runs[str(4 * cap)] = {"ours": {"align dict": {**_stage(1 + train + 600, 1 + train + 1200), "train_s": train,
+                                                  "train_pairs": cap // 2}}, "reference": {}}
+    hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
+    assert hours == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600, rel=1e-6)
 
 
 def test_word_level_total_runs_binarizing_beside_the_alignment():
