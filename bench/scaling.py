@@ -333,7 +333,8 @@ def measured_serial(path: str) -> dict:
     from the wall times of its fewest and most workers."""
     from .cores import serial_from_walls
     runs = json.loads(Path(path).read_text())["runs"]
-    few, many = sorted(runs, key=int)[0], sorted(runs, key=int)[-1]
+    counts = sorted(runs, key=int)
+    few, many = counts[0], counts[-1]
     return {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
                                                        int(many), runs[many][stage]["wall_s"])))
             for stage in runs[few] if stage in runs[many]}

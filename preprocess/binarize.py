@@ -113,9 +113,8 @@ def build_dictionary(paths: list, nwords: int, workers: int):
 
 
 # The dictionary that _binarize_chunk looks words up in, set before the pool's workers fork,
-# which share it: in each chunk's task it would be pickled by this process once per chunk
-# (tens of MB for a word-level vocabulary; on 8 workers the parent's CPU time was 2.5 times
-# that of 2).
+# which share it: in each chunk's task this process would pickle it once per chunk (tens of
+# MB for a word-level vocabulary).
 _vocabulary = {"dictionary": None}
 
 

@@ -20,7 +20,7 @@ from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair
 
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .progress import Progress
-from .textio import count_lines, decode_line, in_sample, map_lines
+from .textio import decode_line, in_sample, map_lines
 
 DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
@@ -267,9 +267,9 @@ def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> d
     """{word: its segmentation} for every word of ``in_path`` that the codes split (the
     others are segmented as themselves). The words are collected and segmented in
     ``workers`` processes, each distinct word once."""
-    progress = Progress(f"find the words of {in_path}", count_lines(in_path), unit="lines")
+    (total,), chunks = line_chunks([in_path], COUNT_CHUNK_LINES)
+    progress = Progress(f"find the words of {in_path}", total, unit="lines")
     words = set()
-    _, chunks = line_chunks([in_path], COUNT_CHUNK_LINES)
     for lines, chunk_words in map_batches(functools.partial(_distinct_words, in_path), chunks, workers):
         words |= chunk_words
         progress.update(lines)

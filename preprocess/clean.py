@@ -11,11 +11,10 @@ worker reads its chunk of both files itself, decodes and judges the pairs, and w
 it keeps to part files, which this process appends to the outputs in order.
 """
 import functools
-import os
 from typing import List, Optional
 
 from .errors import PreprocessError
-from .parallel import LineChunk, map_chunks_into, parallel_chunks, read_chunk
+from .parallel import LineChunk, map_chunks_into, parallel_chunks, parts_folder, read_chunk
 from .progress import Progress
 from .textio import decode_line
 
@@ -58,11 +57,10 @@ def clean_corpus(src_in: str, tgt_in: str, src_out: str, tgt_out: str,
     """Copy the pairs that pass :func:`keep_pair`, judged by ``workers`` processes; return
     (pairs kept, pairs read)."""
     total, chunks = parallel_chunks(src_in, tgt_in, CHUNK_LINES)
-    directory, name = os.path.split(os.path.abspath(src_out))
-    folder = os.path.join(directory, f".{name}.clean-parts")
     kept = 0
     progress = Progress(f"clean {src_in} / {tgt_in}", total)
     clean_chunk = functools.partial(_clean_chunk, src_in, tgt_in, max_len, ratio)
+    folder = parts_folder(src_out)
     with open(src_out, "wb") as src_f, open(tgt_out, "wb") as tgt_f:
         for chunk, chunk_kept in map_chunks_into(clean_chunk, chunks, [src_f, tgt_f], folder, workers):
             kept += chunk_kept

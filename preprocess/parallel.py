@@ -1,16 +1,16 @@
 """Line-by-line stages on every core, in order, in bounded memory, with progress.
 
 Tokenizing, applying BPE, cleaning, finding or counting words and decoding alignments
-treat each line on their own. Where handing every line to the workers would keep this
-process busier than they are (on 16 cores that held tokenizing to 3.1 times the speed of 2
-workers, bench/cores.py), this process only finds where every so many lines of the files begin (:func:`line_chunks`, a scan of
-newlines), and each worker reads its chunk of the files itself (:func:`read_chunk`) and writes
-what it makes to part files that this process appends to the outputs in order
-(:func:`map_chunks_into`); :func:`map_file` maps a file's lines so. Elsewhere (counting the
-words of a sample for BPE, segmenting distinct words) batches of items go to the workers
-(:func:`map_batches`). Either way at most a few chunks or batches per worker are in flight:
-memory does not grow with the corpus (``multiprocessing.Pool.imap`` would read the whole
-input ahead into its queue).
+treat each line on their own. Handing every line to the workers would keep this process
+busier than they are (on 16 cores that held tokenizing to 3.1 times the speed of 2 workers,
+bench/cores.py), so this process only finds where every so many lines of the files begin
+(:func:`line_chunks`, a scan of newlines), and each worker reads its chunk of the files
+itself (:func:`read_chunk`); what it makes goes back as its result (:func:`map_batches`) or
+to part files that this process appends to the outputs in order (:func:`map_chunks_into`,
+which :func:`map_file` uses). Elsewhere (segmenting distinct words) batches of items go to
+the workers. Either way at most a few chunks or batches per worker are in flight: memory
+does not grow with the corpus (``multiprocessing.Pool.imap`` would read the whole input
+ahead into its queue).
 
 ``--workers`` defaults to :func:`available_cores`: the cores this process may run on
 (``os.sched_getaffinity``, which a batch scheduler's CPU set limits), not the machine's.
@@ -236,7 +236,8 @@ def _chunks_of(in_path: str, total: int, ranges: List[Tuple[int, int]]) -> List[
             for (first, count), starts in zip(ranges, firsts)]
 
 
-def _parts_folder(path: str) -> str:
+def parts_folder(path: str) -> str:
+    """The hidden folder beside the output ``path`` where :func:`map_chunks_into`'s parts go."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{name}.parts")
 
@@ -256,7 +257,7 @@ def map_file(fn: Callable[[str], str], in_path: str, out_path: str, workers: int
     else:
         (chunks,) = _chunks_of(in_path, total, [(0, total)])
         with open(out_path, "wb") as out:
-            _map_chunks(fn, in_path, chunks, out, _parts_folder(out_path), workers, progress)
+            _map_chunks(fn, in_path, chunks, out, parts_folder(out_path), workers, progress)
     progress.finish()
     return progress.done
 
