@@ -19,12 +19,14 @@ extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 core
 - a stage's serial fraction s is estimated from its run on N workers
   (wall = cpu * (s + (1 - s) / N), Amdahl's law), or taken from what the stage is when N = 1
   (learning BPE's merges and fast_align's training run on one core), and its time on c
-  cores is cpu * (s + (1 - s) / c): ideal scaling of the parallel part, an optimistic bound;
+  cores is cpu * (s + (1 - s) / c): ideal scaling of the parallel part, an optimistic bound
+  (``--serial`` takes our stages' s from bench.cores' runs on many cores instead);
 - peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
   rough guide only;
 - our alignment dictionary apart: fast_align's model is trained on at most
-  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (logged, one thread) is extrapolated to
-  that many pairs at most, and the rest, decoding and counting, in proportion to the pairs
+  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (logged, one thread), fitted over the
+  pairs each run trained on (``train_pairs``), is extrapolated to that many pairs at most,
+  and the rest, decoding and counting, in proportion to the pairs
   from the largest size measured: each pair is decoded and counted on its own with a
   table whose size stops growing with the sample (a fit over the sizes would read the
   built corpus' pairs, longer after the first pass, as growth).
@@ -366,7 +368,7 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             if capped:  # the training apart: serial, on at most the sample
                 cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
-                    # the pairs each run trained on: its corpus', up to the sample size of its time
+                # the pairs each run trained on: its corpus', up to the sample size of its time
                 trained_on = [runs[n][pipeline][stage].get("train_pairs", int(n)) for n in ns]
                 ta, tb = _fit(trained_on, [max(t, 1e-3) for t in train], 0.5, 2.0)
             a, b = _fit([int(n) for n in ns], cpu, *((1.0, 1.0) if capped else (0.5, 2.0)))
