@@ -4,6 +4,7 @@ real runs, no mocks: convs2s-prepare killed with SIGKILL, and steps stopped by a
 (invalid UTF-8 part-way through the input) in this process. Shards are made small with the
 documented CONVS2S_SHARD_LINES.
 """
+import fcntl
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from faults import ENV, command, processes_mentioning, wait_until
 MULTI30K = DATA / "multi30k"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
 LINES, SHARD = 2400, 30  # 80 shards per file in the killed command
+PIPE_PAGE = 4096  # the smallest pipe: 25-30 progress lines of the killed command
 BAD_LINE = 350  # invalid UTF-8 there: shards 0-2 of 100 lines are finished when it fails
 
 
@@ -70,6 +72,29 @@ def _kill(proc: subprocess.Popen, folder: Path) -> None:
         f"left running after SIGKILL: {processes_mentioning(str(folder))}"
 
 
+def _killed_after(argv: list, folder: Path, env: dict, stage: str, lines: int) -> str:
+    """Run ``argv`` until its progress says ``stage`` has mapped ``lines`` lines, then SIGKILL
+    it; its log. Its stderr is a pipe of one page that this test reads: the command blocks
+    on writing once it is a page of progress lines ahead of the test, so however busy the
+    machine, it is killed at most that many lines of progress later (not a race against a
+    stage that takes a fraction of a second)."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_PAGE)
+    proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.DEVNULL,
+                            stderr=write_end, preexec_fn=_lower_priority)
+    os.close(write_end)
+    log, progress = [], re.compile(rf"{re.escape(stage)}: ([\d,]+)/")
+    with open(read_end, encoding="utf-8") as stderr:
+        for line in stderr:
+            log.append(line)
+            found = progress.search(line)
+            if found and int(found.group(1).replace(",", "")) >= lines:
+                break
+        _kill(proc, folder)
+    assert found, "".join(log)[-3000:]
+    return "".join(log)
+
+
 @needs_data
 def test_killed_stage_resumes_from_its_shards(tmp_path):
     """SIGKILL while train.en is tokenized, then again after the rerun has resumed: the
@@ -84,19 +109,16 @@ def test_killed_stage_resumes_from_its_shards(tmp_path):
     shards = LINES // SHARD
     stage = f"tokenize {tmp_path / 'train.en'}"
 
-    proc = _popen(argv, tmp_path, env, tmp_path / "run1.log")
-    assert wait_until(lambda: len(_finished(tok)) >= 3 or proc.poll() is not None, 60)
-    _kill(proc, tmp_path)
+    # The progress of shard 4 is logged after shard 3 is recorded as finished.
+    _killed_after(argv, tmp_path, env, stage, 4 * SHARD)
     first = _finished(tok)
     assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
 
-    proc = _popen(argv, tmp_path, env, tmp_path / "run2.log")
-    assert wait_until(lambda: len(_finished(tok)) >= len(first) + 2 or proc.poll() is not None, 60)
-    _kill(proc, tmp_path)
-    log = (tmp_path / "run2.log").read_text()
+    log = _killed_after(argv, tmp_path, env, stage, (len(first) + 3) * SHARD)
     assert f"{stage}: resuming: {len(first)} of {shards} shards already done" in log, log
     second = _finished(tok)
-    assert len(second) < shards, f"killed too late: {len(second)} of {shards} shards"
+    assert len(first) + 2 <= len(second) < shards, \
+        f"killed too late: {len(second)} of {shards} shards"
     assert {name: second.get(name) for name in first} == first  # not written again
 
     done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True)
