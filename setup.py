@@ -27,12 +27,6 @@ setup(
         "sacremoses>=0.0.53",
         "hydra-core>=1.3",
         "numpy",
-        # fast_align's C++ code as a library: convs2s-align-dict's default aligner, run as
-        # `python -m convs2s_preprocess.fastalign`, which reads the library's table files (format
-        # of 3.5.0). Wheels exist for Linux x86-64 and CPython 3.7 to 3.11 only; elsewhere
-        # install the fast_align binary.
-        'systran-align==3.5.0; platform_system == "Linux" and platform_machine == "x86_64" '
-        'and python_version < "3.12"',
         "matplotlib>=3.5",  # convs2s-plot-attention
         "scikit-learn",  # k-means of the output layer's rows (--vocab-rest-clusters); fairseq needs it too
         "tensorboardX>=2.0",  # fairseq's --tensorboard-logdir (and its "Please install tensorboardX" at import)

@@ -88,9 +88,9 @@ def agreement(full: dict, sampled: dict, counts: Counter) -> dict:
 
 
 def align_dict(prefix: Path, out: Path, sample: int, workers: int) -> dict:
-    """Run convs2s-align-dict (systran-align); its wall time, CPU time and peak memory."""
+    """Run convs2s-align-dict (the builtin aligner); its wall time, CPU time and peak memory."""
     argv = [sys.executable, "-m", "convs2s_preprocess.align", "--src", f"{prefix}.{SRC}",
-            "--tgt", f"{prefix}.{TGT}", "-o", str(out), "--aligner", "systran-align",
+            "--tgt", f"{prefix}.{TGT}", "-o", str(out), "--aligner", "builtin",
             "--workers", str(workers), "--train-sample", str(sample)]
     return measure([(argv, None, None)])
 

@@ -11,7 +11,8 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.textio`      UTF-8 line I/O with errors naming file and line
 - :mod:`.pipeline`    ``convs2s-prepare``: all of the above in order
 - :mod:`.align`       ``convs2s-align-dict``: unknown-word replacement dictionary
-- :mod:`.fastalign`   fast_align's forward alignment from the systran-align library
+- :mod:`.fastalign`   fast_align's forward alignment, without its binary
+- :mod:`.fastalign_em` fast_align's model, trained on every core, the same for any number
 - :mod:`.parallel`    line-by-line stages on every core, in order, in bounded memory
 - :mod:`.progress`    a long stage's progress as log lines: rate and time left
 - :mod:`.processes`   child processes that stop with the command that started them

@@ -14,12 +14,12 @@ The aligner (``--aligner``; :data:`FAST_ALIGN_SETTINGS` are its options) runs as
 process:
 
 - ``fast_align``: the binary, when it is on PATH or given with ``--fast-align PATH``.
-- ``systran-align``: otherwise, and by default after ``make install``: fast_align's model
-  from the systran-align library, run as ``python -m convs2s_preprocess.fastalign`` (see there:
-  the same EM training, the same forward decision, one thread so that every run gives the
-  same dictionary), decoded in ``--workers`` processes (by default the cores available;
-  the dictionary does not depend on them). On Multi30k its dictionary is identical to the
-  binary's. On a corpus of more than ``--train-sample N`` pairs (default
+- ``builtin``: otherwise: fast_align's model, trained and decoded by this package in
+  ``--workers`` processes (by default the cores available), run as ``python -m
+  convs2s_preprocess.fastalign`` (see there and :mod:`.fastalign_em`: fast_align's EM
+  training and forward decision, the same model for any number of processes and on every
+  run). On Multi30k its dictionary is the binary's. On a corpus of more than
+  ``--train-sample N`` pairs (default
   :data:`DEFAULT_TRAIN_SAMPLE`) the model is trained on N pairs spread over the corpus and
   every pair is aligned with it: training time and memory stop growing with the corpus
   (see :mod:`.fastalign`; what it costs the dictionary is on the performance page).
@@ -56,7 +56,6 @@ target words ranked by count (ties: the smaller word first), at most
 import argparse
 import functools
 import heapq
-import importlib.util
 import logging
 import os
 import re
@@ -87,13 +86,11 @@ SEPARATOR = "|||"
 # NULL word, p0 = 0.08 and 5 iterations are fast_align's defaults. The binary and
 # ``python -m convs2s_preprocess.fastalign`` take them alike.
 FAST_ALIGN_SETTINGS = ("-d", "-o", "-v")
-ALIGNERS = ("fast_align", "systran-align", "eflomal")
+ALIGNERS = ("fast_align", "builtin", "eflomal")
 EXECUTABLES = {"fast_align": "fast_align", "eflomal": "eflomal-align"}
 INSTALL_HINTS = {
     "fast_align": "build it from https://github.com/clab/fast_align with cmake and make, "
                   "then put `fast_align` on PATH or pass --fast-align PATH",
-    "systran-align": "`pip install systran-align` (`make install` does; wheels for Linux "
-                     "x86-64 and Python 3.7 to 3.11 only)",
     "eflomal": "`pip install eflomal` (GPL-3), which provides the `eflomal-align` command",
 }
 # Lines of the aligner's error output quoted when it fails.
@@ -102,10 +99,10 @@ WORK_PREFIX = ".align-work-"
 WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-\w+")
 # Target words kept per source word in the candidates file (fairseq-lua's limit).
 CANDIDATES_PER_WORD = 1000
-# systran-align trains fast_align's model on at most this many pairs of a larger corpus
-# (--train-sample), chosen by bench/sampling.py: see the performance page ("Learning from a
-# sample": on 2,000,000 pairs, 1,000,000 agree with every pair on 57% of the rare words'
-# translations, 500,000 on 38%; about 4.2 GiB and a third of an hour of one core).
+# The builtin aligner trains fast_align's model on at most this many pairs of a larger
+# corpus (--train-sample), chosen by bench/sampling.py: see the performance page ("Learning
+# from a sample": on 2,000,000 pairs, 1,000,000 agree with every pair on 57% of the rare
+# words' translations, 500,000 on 38%).
 DEFAULT_TRAIN_SAMPLE = 1_000_000
 # Counting the links (see count_corpus_links): pairs a worker counts at a time, the
 # memory a worker's counts of one partition may take, what they take per byte of the
@@ -132,12 +129,12 @@ class Aligner(NamedTuple):
     def invocation(self, corpus_path: str, links_path: str, workers: int = 1,
                    train_sample: int = 0) -> tuple:
         """(argv, file receiving stdout) to write the forward links of ``corpus_path``;
-        systran-align decodes in ``workers`` processes (its links do not depend on them)
-        and trains on ``train_sample`` pairs when it is not 0."""
+        the builtin aligner trains and decodes in ``workers`` processes (its links do not
+        depend on them) and trains on ``train_sample`` pairs when it is not 0."""
         if self.name == "eflomal":
             return [*self.command, "-i", corpus_path, "-f", links_path], os.devnull
         own = ["--workers", str(workers), "--sample", str(train_sample)] \
-            if self.name == "systran-align" else []
+            if self.name == "builtin" else []
         return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS, *own], links_path
 
 
@@ -148,9 +145,8 @@ def default_search_path() -> str:
 
 def installed_command(name: str, search_path: str) -> Optional[tuple]:
     """The command that starts aligner ``name``, or None if it is not installed."""
-    if name == "systran-align":
-        found = importlib.util.find_spec("systran_align") is not None  # not imported here
-        return (sys.executable, "-m", "convs2s_preprocess.fastalign") if found else None
+    if name == "builtin":
+        return sys.executable, "-m", "convs2s_preprocess.fastalign"
     executable = shutil.which(EXECUTABLES[name], path=search_path)
     return (executable,) if executable else None
 
@@ -159,7 +155,7 @@ def find_aligner(choice: str = "auto", fast_align: Optional[str] = None,
                  search_path: Optional[str] = None) -> Aligner:
     """The aligner to run: an explicit fast_align binary, else the one ``choice`` names.
 
-    ``choice`` is "auto" (the fast_align binary if found, else systran-align) or one of
+    ``choice`` is "auto" (the fast_align binary if found, else the builtin one) or one of
     :data:`ALIGNERS`.
     """
     if fast_align:
@@ -169,7 +165,7 @@ def find_aligner(choice: str = "auto", fast_align: Optional[str] = None,
             raise PreprocessError(f"--fast-align {fast_align}: not an executable file")
         return Aligner("fast_align", (fast_align,))
     path = default_search_path() if search_path is None else search_path
-    names = ["fast_align", "systran-align"] if choice == "auto" else [choice]
+    names = ["fast_align", "builtin"] if choice == "auto" else [choice]
     for name in names:
         command = installed_command(name, path)
         if command:
@@ -399,8 +395,8 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
                      train_sample: Optional[int] = None, tmpdir: Optional[str] = None) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
     current; True if they were built. ``workers``: the aligner's processes, by default the
-    cores available (systran-align decodes in them; the dictionary is the same for any number).
-    ``train_sample``: systran-align trains on at most this many pairs (0: on every pair;
+    cores available (the builtin aligner trains and decodes in them; the dictionary is the same
+    for any number). ``train_sample``: the builtin aligner trains on at most this many pairs (0: on every pair;
     None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on every pair. ``tmpdir``:
     where the aligner's work folder goes (default: beside ``out_path``).
 
@@ -423,11 +419,11 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             run_aligner(aligner, corpus, links, tmp, processes, train_sample)
             count_corpus_links(corpus, links, tmp, processes, temp_out, temp_candidates)
 
-    if train_sample and aligner.name != "systran-align":
-        raise PreprocessError(f"--train-sample is systran-align's: {aligner.name} trains on every "
-                              f"pair (use --aligner systran-align, or leave --train-sample out)")
+    if train_sample and aligner.name != "builtin":
+        raise PreprocessError(f"--train-sample is the builtin aligner's: {aligner.name} trains on "
+                              f"every pair (use --aligner builtin, or leave --train-sample out)")
     if train_sample is None:
-        train_sample = DEFAULT_TRAIN_SAMPLE if aligner.name == "systran-align" else 0
+        train_sample = DEFAULT_TRAIN_SAMPLE if aligner.name == "builtin" else 0
     if tmpdir and not os.path.isdir(tmpdir):
         raise PreprocessError(f"--tmpdir {tmpdir}: no such folder; create it or give another")
     processes = workers or available_cores()
@@ -447,21 +443,21 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     parser.add_argument("--tgt", required=True, help="tokenized target training text")
     parser.add_argument("-o", "--output", default="align.dict", help="dictionary to write")
     parser.add_argument("--aligner", choices=["auto", *ALIGNERS], default="auto",
-                        help="auto (default): the fast_align binary if found, else "
-                             "fast_align's model from the systran-align library")
+                        help="auto (default): the fast_align binary if found, else builtin: "
+                             "fast_align's model, trained by this package on every core")
     parser.add_argument("--fast-align", metavar="PATH", help="the fast_align binary to run")
     parser.add_argument("--candidates", metavar="FILE",
                         help="also write each source word's aligned target words ranked by count, "
                              "with the counts, for vocabulary selection (--vocab-selection FILE)")
     parser.add_argument("--workers", type=int,
-                        help="processes that write the aligner's input, decode fast_align's model "
-                             "(systran-align; its training is on one thread) and count the links "
-                             "(default: the cores this process may use)")
+                        help="processes that write the aligner's input, train and decode "
+                             "fast_align's model (builtin) and count the links (default: the "
+                             "cores this process may use)")
     parser.add_argument("--tmpdir", metavar="DIR",
                         help="where the aligner's work folder goes (a copy of the corpus and its "
                              "links; default: beside the output)")
     parser.add_argument("--train-sample", type=int, metavar="N",
-                        help=f"systran-align: on a larger corpus, train fast_align's model on N "
+                        help=f"builtin: on a larger corpus, train fast_align's model on N "
                              f"pairs spread evenly over it, then align every pair with it, so "
                              f"that training time and memory stop growing with the corpus "
                              f"(default {DEFAULT_TRAIN_SAMPLE}; 0: train on every pair)")

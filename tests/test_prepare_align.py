@@ -10,7 +10,6 @@ import pytest
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import WORK_PREFIX, build_align_dict, find_aligner
 from faults import processes_mentioning, wait_until
-from test_align import needs_systran_align
 
 MULTI30K = DATA / "multi30k"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
@@ -43,7 +42,6 @@ def fake_fast_align(folder: Path, script: str) -> str:
 
 
 @needs_data
-@needs_systran_align
 def test_dictionary_of_the_segmented_text_built_beside_binarizing(tmp_path):
     train, out = corpus(tmp_path / "raw", 600), tmp_path / "out"
     proc = prepare("--trainpref", train, "-o", out, "--bpe-merges", 300)
@@ -97,7 +95,6 @@ def test_a_failure_beside_it_stops_the_aligner_and_removes_its_work(tmp_path):
 
 
 @needs_data
-@needs_systran_align
 def test_a_killed_prepare_takes_its_aligner_along_and_a_rerun_finishes(tmp_path):
     train, out = corpus(tmp_path / "raw", 200), tmp_path / "out"
     started = tmp_path / "aligner-started"
@@ -114,6 +111,6 @@ def test_a_killed_prepare_takes_its_aligner_along_and_a_rerun_finishes(tmp_path)
     assert wait_until(lambda: not processes_mentioning(str(out)), 10), processes_mentioning(str(out))
     assert not list(out.glob(WORK_PREFIX + "*")) and not (out / "align.dict").exists()
 
-    rerun = prepare("--trainpref", train, "-o", out, "--no-bpe")  # systran-align this time
+    rerun = prepare("--trainpref", train, "-o", out, "--no-bpe")  # the builtin aligner this time
     assert rerun.returncode == 0, rerun.stderr
     assert "tokenize train: reused" in rerun.stderr and (out / "align.candidates").is_file()

@@ -18,7 +18,7 @@ from convs2s_preprocess.bpe import learn_joint_bpe
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
 from convs2s_preprocess.textio import spread_evenly
-from test_align import REFERENCE, needs_reference, needs_systran_align, write
+from test_align import REFERENCE, needs_reference, write
 
 MULTI30K = DATA / "multi30k"
 needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en").is_file(),
@@ -83,10 +83,9 @@ def _reference_pairs(tmp_path, n):
 
 
 @needs_reference
-@needs_systran_align
 def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_changes(tmp_path, caplog):
     src, tgt = _reference_pairs(tmp_path, 1500)
-    aligner = Aligner("systran-align", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
+    aligner = Aligner("builtin", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
     out = str(tmp_path / "align.dict")
     caplog.set_level(logging.INFO)
     scratch = tmp_path / "scratch"  # --tmpdir: the aligner's work folder goes there
@@ -115,13 +114,13 @@ def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_c
 def test_a_missing_tmpdir_is_one_line(tmp_path):
     src, tgt = write(tmp_path / "src", ["a b"]), write(tmp_path / "tgt", ["c d"])
     with pytest.raises(PreprocessError, match="--tmpdir .*/nowhere: no such folder"):
-        build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("systran-align", ("x",)),
+        build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("builtin", ("x",)),
                          tmpdir=str(tmp_path / "nowhere"))
 
 
 def test_train_sample_is_refused_for_aligners_that_train_on_everything(tmp_path):
     src, tgt = write(tmp_path / "src", ["a b"]), write(tmp_path / "tgt", ["c d"])
-    with pytest.raises(PreprocessError, match="--train-sample is systran-align's: eflomal"):
+    with pytest.raises(PreprocessError, match="--train-sample is the builtin aligner's: eflomal"):
         build_align_dict(src, tgt, str(tmp_path / "d"), Aligner("eflomal", ("eflomal-align",)),
                          train_sample=10)
 
