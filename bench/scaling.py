@@ -24,9 +24,10 @@ extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 core
 - peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
   rough guide only;
 - our alignment dictionary apart: fast_align's model is trained on at most
-  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (logged, one thread), fitted over the
-  pairs each run trained on (``train_pairs``), is extrapolated to that many pairs at most,
-  and the rest, decoding and counting, in proportion to the pairs
+  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (its logged wall time on the workers,
+  turned into CPU time with its serial fraction, ``SERIAL["align dict training"]``), fitted
+  over the pairs each run trained on (``train_pairs``), is extrapolated to that many pairs
+  at most, and the rest, decoding and counting, in proportion to the pairs
   from the largest size measured: each pair is decoded and counted on its own with a
   table whose size stops growing with the sample (a fit over the sizes would read the
   built corpus' pairs, longer after the first pass, as growth).
@@ -40,6 +41,10 @@ later pass r with every pair joined to another one drawn at random and, in a thi
 pairs, the longest word of each side given one of about sqrt(r) suffixes, so that the
 sentences and the vocabulary keep growing (more slowly than the corpus, as real corpora's
 do) instead of repeating 37k pairs.
+
+``--only STAGE...`` measures only those of our stages (and the ones whose outputs they
+read), not fairseq's pipeline, and takes every other figure of a size from ``--add-runs``:
+after a change to one stage, its figures are renewed without running everything again.
 
 Run it alone on the machine: the figures are meaningless beside other jobs. A smoke run:
 ``python -m bench.scaling --sizes 5000 --merges 500``.
@@ -73,7 +78,13 @@ STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize", "align dict
 PREPARATION = STAGES[:-1]  # raw text to binarized data: the stages but the alignment dictionary
 # The serial fraction of each stage where a run on one worker cannot tell it.
 SERIAL = {"tokenize": 0.0, "clean": 0.0, "learn BPE": 1.0, "apply BPE": 0.0, "binarize": 0.1,
-          "align dict": 0.8, "align dict less training": 0.2}
+          "align dict": 0.8, "align dict less training": 0.2,
+          # fast_align's training: 200,000 built pairs took 78.7 s on 1 worker and 43.3 s on
+          # 2 (AMD EPYC, alone), so about 0.1; an optimistic bound for many cores
+          "align dict training": 0.1}
+# The stages whose outputs a stage reads (run first when --only asks for it).
+NEEDS = {"clean": ["tokenize"], "learn BPE": ["clean"], "apply BPE": ["learn BPE"],
+         "binarize": ["apply BPE"], "align dict": ["clean"]}
 TARGETS = [(4_500_000, 2), (4_500_000, 32), (36_000_000, 2), (36_000_000, 32)]
 SAMPLE_SECONDS = 0.2
 # A corpus so small that its stages' times are their fixed costs.
@@ -171,8 +182,8 @@ def training_seconds(log: str) -> Optional[int]:
 
 def measure(commands: list) -> dict:
     """Run shell-free commands one after another: {wall_s, cpu_s, peak_mib}, and
-    ``train_s`` where a command logs the end of fast_align's training (one thread, so its
-    wall time is its CPU time). A command is (argv, stdin path or None, stdout path or None)."""
+    ``train_s`` where a command logs the end of fast_align's training (its wall time). A
+    command is (argv, stdin path or None, stdout path or None)."""
     wall = cpu = peak = 0.0
     train = None
     for argv, stdin, stdout in commands:
@@ -349,9 +360,10 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
     those read from the runs' wall and CPU times on ``workers``.
 
     Our alignment dictionary trains fast_align's model on at most
-    ``DEFAULT_TRAIN_SAMPLE`` pairs: its training time (logged, one thread) is extrapolated
-    to min(pairs, that sample) on one core, its memory likewise, and the rest (decoding and
-    counting, every pair) in proportion to the pairs (see the module docstring).
+    ``DEFAULT_TRAIN_SAMPLE`` pairs: its training's CPU time is extrapolated to min(pairs,
+    that sample) and spread over the cores with its serial fraction, its memory likewise,
+    and the rest (decoding and counting, every pair) in proportion to the pairs (see the
+    module docstring).
     """
     sizes = sorted(runs, key=int)
     table = {}
@@ -365,9 +377,11 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             wall = [max(runs[n][pipeline][stage]["wall_s"] - base["wall_s"], 1e-3) for n in ns]
             train = [runs[n][pipeline][stage].get("train_s") for n in ns]
             capped = pipeline == "ours" and DEFAULT_TRAIN_SAMPLE and None not in train
-            if capped:  # the training apart: serial, on at most the sample
-                cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
+            if capped:  # the training apart: on at most the sample
+                st = SERIAL["align dict training"]
                 wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
+                train = [t / (st + (1 - st) / runs[n]["workers"]) for t, n in zip(train, ns)]
+                cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 # the pairs each run trained on: its corpus', up to the sample size of its time
                 trained_on = [runs[n][pipeline][stage].get("train_pairs", int(n)) for n in ns]
                 ta, tb = _fit(trained_on, [max(t, 1e-3) for t in train], 0.5, 2.0)
@@ -380,7 +394,7 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             for pairs, cores in TARGETS:
                 trained = min(pairs, DEFAULT_TRAIN_SAMPLE) if capped else pairs
                 seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores) \
-                    + (ta * trained ** tb if capped else 0.0)
+                    + (ta * trained ** tb * (st + (1 - st) / cores) if capped else 0.0)
                 cpu_seconds = base["cpu_s"] + a * pairs ** b + (ta * trained ** tb if capped else 0.0)
                 table.setdefault(pipeline, {}).setdefault(stage, {})[f"{pairs}x{cores}"] = {
                     "hours": seconds / 3600, "cpu_hours": cpu_seconds / 3600,
@@ -480,6 +494,14 @@ def plot(runs: dict, extrapolated: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _with_earlier(new: Optional[dict], earlier: dict) -> dict:
+    """A size's figures: ``new``'s, and ``earlier``'s for the stages ``new`` lacks."""
+    if new is None:
+        return earlier
+    return {**earlier, **new, **{pipeline: {**earlier[pipeline], **new[pipeline]}
+                                 for pipeline in ("ours", "reference")}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -504,12 +526,22 @@ def main(argv=None) -> None:
     parser.add_argument("--serial", metavar="CORES_JSON",
                         help="our stages' serial fractions from bench.cores' --json on a machine "
                              "with many cores, instead of those read from this run's workers")
+    parser.add_argument("--only", nargs="+", choices=STAGES, metavar="STAGE",
+                        help="measure only these of our stages (and those whose outputs they "
+                             "read), not fairseq's pipeline; the other figures come from --add-runs")
     parser.add_argument("--json", metavar="FILE", help="write the measurements and extrapolation")
     parser.add_argument("--plot", metavar="PNG", help="draw per-core speed and the 36M extrapolation")
     args = parser.parse_args(argv)
     sizes = sorted(set(args.sizes + ([2_000_000] if args.with_2m else [])))
     if not sizes and not args.add_runs:
         parser.error("give --sizes to measure, or --add-runs to extrapolate")
+    if args.only and not args.add_runs:
+        parser.error("--only takes the other stages' figures from --add-runs: give them")
+    running, wanted = set(), list(args.only or STAGES)
+    while wanted:
+        stage = wanted.pop()
+        running.add(stage)
+        wanted += NEEDS.get(stage, [])
     pairs = base_pairs(Path(data_root()))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="convs2s-scaling-"))
     runs = {}
@@ -522,10 +554,11 @@ def main(argv=None) -> None:
             print(f"{size:,} pairs: convs2s-prepare's stages", file=sys.stderr, flush=True)
             result = {"workers": args.workers,
                       "ours": ours(folder / "raw", folder / "ours", args.workers, args.merges,
-                                   not args.no_align)}
-            print(f"{size:,} pairs: fairseq's pipeline", file=sys.stderr, flush=True)
-            result["reference"] = reference(folder / "raw", folder / "reference", args.workers,
-                                            args.merges, not args.no_align, args.moses)
+                                   not args.no_align, skip=set(STAGES) - running), "reference": {}}
+            if not args.only:
+                print(f"{size:,} pairs: fairseq's pipeline", file=sys.stderr, flush=True)
+                result["reference"] = reference(folder / "raw", folder / "reference", args.workers,
+                                                args.merges, not args.no_align, args.moses)
             runs[str(size)] = result
     finally:
         if not args.workdir:
@@ -533,9 +566,9 @@ def main(argv=None) -> None:
     fixed = runs.pop(str(FIXED_PAIRS), None)
     for path in args.add_runs:
         earlier = json.loads(Path(path).read_text())
-        fixed = fixed or earlier["fixed"]
+        fixed = _with_earlier(fixed, earlier["fixed"])
         for size, result in earlier["runs"].items():
-            runs.setdefault(size, result)
+            runs[size] = _with_earlier(runs.get(size), result)
     serial = measured_serial(args.serial) if args.serial else None
     extrapolated = extrapolate(runs, fixed, args.workers, serial)
     print_tables(runs, extrapolated, serial)

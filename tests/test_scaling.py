@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from bench.cores import serial_from_walls
-from bench.scaling import (FIXED_PAIRS, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals,
-                           training_seconds)
+from bench.scaling import (FIXED_PAIRS, SERIAL, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, totals,
+                           training_seconds, _with_earlier)
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.progress import Progress
@@ -74,24 +74,33 @@ def test_extrapolation_follows_the_fit_and_amdahl():
 
 
 def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion():
-    """Our alignment dictionary: fast_align's training (logged) stops growing at the
-    default sample; decoding and counting grow with the pairs from the largest size
-    measured, even where the sizes measured grew faster (the built corpus' longer pairs)."""
-    cap = DEFAULT_TRAIN_SAMPLE
+    """Our alignment dictionary: fast_align's training (logged, on the workers) stops
+    growing at the default sample and spreads over the cores with its serial fraction;
+    decoding and counting grow with the pairs from the largest size measured, even where the
+    sizes measured grew faster (the built corpus' longer pairs)."""
+    cap, st = DEFAULT_TRAIN_SAMPLE, SERIAL["align dict training"]
+    on_2 = st + (1 - st) / 2  # the share of its CPU time that the training's wall is on 2 workers
+
+    def stage(train: float, rest: float, trained: int) -> dict:  # rest: CPU s, spread ideally
+        return {**_stage(1 + train + rest / 2, 1 + train / on_2 + rest), "train_s": train,
+                "train_pairs": trained}
+
     fixed = {"ours": {"align dict": {**_stage(1.0, 1.0), "train_s": 0}}, "reference": {}}
-    runs = {str(n): {"ours": {"align dict": {**_stage(1 + train + rest / 2, 1 + train + rest), "train_s": train,
-                                             "train_pairs": min(n, cap)}},
+    runs = {str(n): {"workers": 2, "ours": {"align dict": stage(train, rest, min(n, cap))},
                      "reference": {}}
             for n, train, rest in ((cap // 5, 100, 30), (cap, 1000, 300))}
-    hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
+    cells = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]
     # the training at 36M is the one measured at the cap; the rest grows with the pairs
-    assert hours == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600, rel=1e-6)
+    assert cells["36000000x2"]["hours"] == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600,
+                                                         rel=1e-6)
+    assert cells["36000000x32"]["hours"] == pytest.approx(
+        (1 + 1000 / on_2 * (st + (1 - st) / 32) + 300 * (36_000_000 / cap) / 32) / 3600, rel=1e-6)
 
     # a larger run that trained on a smaller sample (an earlier cap), at the same power of its
     # pairs: fitted by the pairs it trained on, the prediction stays (not by its corpus' pairs)
     train = 1000 * 0.5 ** (math.log(10) / math.log(5))
-    runs[str(4 * cap)] = {"ours": {"align dict": {**_stage(1 + train + 600, 1 + train + 1200), "train_s": train,
-                                                  "train_pairs": cap // 2}}, "reference": {}}
+    runs[str(4 * cap)] = {"workers": 2, "ours": {"align dict": stage(train, 1200, cap // 2)},
+                          "reference": {}}
     hours = extrapolate(runs, fixed, workers=2)["ours"]["align dict"]["36000000x2"]["hours"]
     assert hours == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600, rel=1e-6)
 
@@ -144,3 +153,15 @@ def test_cores_smoke_run_learns_bpe_once_and_times_every_stage_per_count(tmp_pat
     runs = json.loads(out.read_text())["runs"]
     assert set(runs["2"]) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
     assert set(runs["1"]) == set(runs["2"]) - {"learn BPE"}
+
+
+def test_only_some_stages_measured_take_the_others_from_the_earlier_run():
+    """--only renews some of our stages' figures; the others, and fairseq's, stay those of
+    --add-runs."""
+    earlier = {"workers": 2, "ours": {"tokenize": _stage(1, 2), "align dict": _stage(9, 9)},
+               "reference": {"tokenize": _stage(5, 5)}}
+    new = {"workers": 2, "ours": {"tokenize": _stage(3, 4)}, "reference": {}}
+    assert _with_earlier(new, earlier) == {
+        "workers": 2, "ours": {"tokenize": _stage(3, 4), "align dict": _stage(9, 9)},
+        "reference": {"tokenize": _stage(5, 5)}}
+    assert _with_earlier(None, earlier) == earlier
