@@ -47,11 +47,12 @@ its counts (8 bytes per distinct word pair): a few GiB of disk for 1,000,000 pai
 words a side, removed at the end. A worker holds one chunk's arrays at a time.
 """
 import functools
+import itertools
 import logging
 import os
 import shutil
 import tempfile
-from typing import List, NamedTuple, Tuple
+from typing import Iterable, List, NamedTuple, Tuple
 
 import numpy as np
 
@@ -85,9 +86,9 @@ class TranslationTable(NamedTuple):
     keys: np.ndarray
     probs: np.ndarray
 
-    def word_ids(self, words) -> np.ndarray:
+    def word_ids(self, words: Iterable[str]) -> np.ndarray:
         """The ids of ``words``; 0 (no entry) for a word the table does not know."""
-        return np.fromiter((self.ids.get(word, 0) for word in words), dtype=np.int64)
+        return np.fromiter(map(self.ids.get, words, itertools.repeat(0)), dtype=np.int64)
 
     def probabilities(self, e: np.ndarray, f: np.ndarray, missing: float = 0.0) -> np.ndarray:
         """t(f | e) for arrays of source and target word ids (broadcast); ``missing`` for a
@@ -111,7 +112,8 @@ class Chunk(NamedTuple):
 class Cells(NamedTuple):
     """A chunk's target positions ("columns": a pair's j) and, for each, its n source
     positions ("cells"), column after column."""
-    n: np.ndarray  # of each column: its pair's lengths and its j (from 1)
+    pair: np.ndarray  # of each column: its pair, the pair's lengths and its j (from 1)
+    n: np.ndarray
     m: np.ndarray
     j: np.ndarray
     column: np.ndarray  # of each cell: its column and its i (from 1)
@@ -125,7 +127,7 @@ def cells_of(chunk: Chunk) -> Cells:
     n, m = chunk.n[pair].astype(np.int64), chunk.m[pair].astype(np.int64)
     column = np.repeat(np.arange(len(pair)), n)
     starts = np.cumsum(n) - n
-    return Cells(n, m, j, column, np.arange(len(column)) - starts[column] + 1, starts)
+    return Cells(pair, n, m, j, column, np.arange(len(column)) - starts[column] + 1, starts)
 
 
 # The diagonal prior (fast_align's da.h), vectorized: j a target position of m (from 1), i a
@@ -253,9 +255,8 @@ def _word_pairs(index: int) -> np.ndarray:
     chunk = _shared["chunks"][index]
     cells = cells_of(chunk)
     first_source = np.cumsum(chunk.n.astype(np.int64)) - chunk.n
-    pair = np.repeat(np.arange(len(chunk.m)), chunk.m)
     f = chunk.target.astype(np.int64)
-    e = chunk.source[first_source[pair][cells.column] + cells.i - 1].astype(np.int64)
+    e = chunk.source[first_source[cells.pair][cells.column] + cells.i - 1].astype(np.int64)
     distinct, where = np.unique(np.concatenate([(1 << 32) | f, (e << 32) | f[cells.column]]),
                                 return_inverse=True)
     np.save(_path(index, "where"), where.astype(np.int32))
@@ -355,8 +356,8 @@ def _optimize_tension(tension: float, al_feat: float, lengths: np.ndarray, token
 def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tuple:
     """fast_align's model of ``corpus`` (``source ||| target`` lines), trained by ``workers``
     processes, in a folder of its own in ``workdir``, removed at the end: (its
-    :class:`TranslationTable`, its final tension). A ValueError
-    names a line fast_align would stop at (see :func:`corpus_pair`)."""
+    :class:`TranslationTable`, its final tension). A ValueError names a line fast_align
+    would stop at (see :func:`corpus_pair`)."""
     (total,), chunks = line_chunks([corpus], CHUNK_PAIRS)
     progress = Progress("train fast_align's model", (PASSES + 2) * total, unit="pair passes",
                         log=logger)
