@@ -395,10 +395,11 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
                      train_sample: Optional[int] = None, tmpdir: Optional[str] = None) -> bool:
     """Write ``out_path``, and ``candidates_path`` if given, atomically unless they are
     current; True if they were built. ``workers``: the aligner's processes, by default the
-    cores available (the builtin aligner trains and decodes in them; the dictionary is the same
-    for any number). ``train_sample``: the builtin aligner trains on at most this many pairs (0: on every pair;
-    None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on every pair. ``tmpdir``:
-    where the aligner's work folder goes (default: beside ``out_path``).
+    cores available (the builtin aligner trains and decodes in them; the dictionary is the
+    same for any number). ``train_sample``: the builtin aligner trains on at most this many
+    pairs (0: on every pair; None: :data:`DEFAULT_TRAIN_SAMPLE`); the other aligners train on
+    every pair. ``tmpdir``: where the aligner's work folder goes (default: beside
+    ``out_path``).
 
     Current means built from inputs with the same contents by the same aligner (see
     :mod:`preprocess.atomic`). A failed rebuild (an empty input, say) leaves an earlier

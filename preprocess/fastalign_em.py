@@ -382,7 +382,8 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
         _shared["keys"] = keys = _merged([keys, *pending])
         del pending
         list(map_batches(_place, range(len(read)), workers))
-        np.lib.format.open_memmap(os.path.join(workdir, "probs.npy"), "w+", np.float64, (len(keys),))
+        np.lib.format.open_memmap(os.path.join(workdir, "probs.npy"), "w+", np.float64,
+                                  (len(keys),))
         ranges = _row_ranges(keys, RANGES_PER_WORKER * workers)
         m, n = (np.concatenate([getattr(chunk, side) for chunk in read]).astype(np.int64)
                 for side in ("m", "n"))
@@ -393,7 +394,8 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
 
         for number in range(1, PASSES + 1):
             null_mass = al_feat = likelihood = 0.0
-            for index, (c0, feat, loglik) in enumerate(map_batches(_expect, range(len(read)), workers)):
+            sums = map_batches(_expect, range(len(read)), workers)
+            for index, (c0, feat, loglik) in enumerate(sums):
                 null_mass, al_feat, likelihood = null_mass + c0, al_feat + feat, likelihood + loglik
                 progress.update(len(read[index].m))
             al_feat /= tokens
