@@ -253,9 +253,9 @@ def _read(chunk: LineChunk) -> tuple:
     return list(words), Chunk(as_ids(n), as_ids(m), as_ids(source), as_ids(target))
 
 
-def _word_pairs(index: int) -> np.ndarray:
-    """A chunk's distinct word pairs, sorted; where each column's NULL pair and then each
-    cell's pair is among them goes to the chunk's ``where`` file."""
+def _word_pairs(index: int) -> None:
+    """A chunk's distinct word pairs, sorted, to its ``distinct`` file; where each column's
+    NULL pair and then each cell's pair is among them to its ``where`` file."""
     chunk = _shared["chunks"][index]
     cells = cells_of(chunk)
     first_source = np.cumsum(chunk.n.astype(np.int64)) - chunk.n
@@ -265,7 +265,6 @@ def _word_pairs(index: int) -> np.ndarray:
                                 return_inverse=True)
     np.save(_path(index, "where"), where.astype(np.int32))
     np.save(_path(index, "distinct"), distinct)
-    return distinct
 
 
 def _merged(runs: List[np.ndarray]) -> np.ndarray:
@@ -378,8 +377,8 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
         _shared["chunks"] = read
 
         keys, pending = np.zeros(0, dtype=np.int64), []
-        for index, distinct in enumerate(map_batches(_word_pairs, range(len(read)), workers)):
-            pending.append(distinct)
+        for index, _ in enumerate(map_batches(_word_pairs, range(len(read)), workers)):
+            pending.append(np.load(_path(index, "distinct")))
             if sum(map(len, pending)) > len(keys) + (1 << 24):
                 keys, pending = _merged([keys, *pending]), []
             progress.update(len(read[index].m))
