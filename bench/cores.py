@@ -5,10 +5,8 @@
 ``bench.scaling`` extrapolates each stage from the cores at hand to 32 by Amdahl's law, with
 the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
 On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
-runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, apply BPE
-and binarize each time; learning BPE once, with the most workers (its counting runs on
-every core, its merges on one, so it is the same at any count but for the counting). For
-each stage and count it prints the wall time, the CPU time of all its processes, the
+runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, learn BPE,
+apply BPE and binarize. For each stage and count it prints the wall time, the CPU time of all its processes, the
 speed-up over the fewest workers, and the serial fraction ``s`` that the fewest and each
 larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``, solved from the two
 wall times): the share of the stage that more cores do not shorten (process start, the
@@ -27,7 +25,7 @@ from fairseq_convs2s_ext.hardware import cpu_model
 
 from .scaling import base_pairs, build_corpus, ours
 
-PARALLEL = ["tokenize", "clean", "apply BPE", "binarize"]
+STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize"]
 
 
 def serial_from_walls(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
@@ -55,15 +53,13 @@ def main(argv=None) -> None:
         (work / "out").mkdir(parents=True, exist_ok=True)
         build_corpus(base_pairs(Path(data_root())), args.size, work / "raw")
         runs = {}
-        for workers in reversed(counts):  # the most first: it learns the BPE codes
+        for workers in counts:
             print(f"{args.size:,} pairs, {workers} workers", file=sys.stderr, flush=True)
-            skip = () if workers == counts[-1] else ("learn BPE",)
-            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=False,
-                                 skip=skip)
+            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=False)
     print(f"{machine}; {args.size:,} pairs; wall s / CPU s; speed-up over {counts[0]} workers; "
           "serial fraction")
     print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>26}" for n in counts))
-    for stage in ["learn BPE"] + PARALLEL:
+    for stage in STAGES:
         cells = []
         for workers in counts:
             run = runs[workers].get(stage)

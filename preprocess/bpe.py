@@ -19,6 +19,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
+from .processes import answer, servers
 from .progress import Progress
 from .textio import decode_line, in_sample, map_lines
 
@@ -147,54 +148,111 @@ class PairFrequencies(defaultdict):
         return max(self.pairs_by_frequency[-self.heap[0]]) if self.heap else None
 
 
-def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_frequency: int = 2) -> None:
+def _merge(pair: tuple, vocab: list, indices: dict) -> dict:
+    """subword-nmt's merge of ``pair`` in the words of ``vocab`` (``replace_pair``) and the
+    changes it makes to the pair frequencies (``update_pair_statistics``)."""
+    changes = replace_pair(pair, vocab, indices)
+    frequency_changes = defaultdict(int)
+    update_pair_statistics(pair, changes, frequency_changes, indices)
+    return frequency_changes
+
+
+def _serve_words(conn) -> None:
+    """A worker of :class:`WordShards`: its words, then their pair frequencies, then each
+    merge's changes to them."""
+    vocab = conn.recv()
+    stats, indices = get_pair_statistics(vocab)
+    conn.send(dict(stats))
+    while True:
+        conn.send(dict(_merge(conn.recv(), vocab, indices)))
+
+
+def _summed(frequencies: list) -> defaultdict:
+    total = frequencies[0]
+    for more in frequencies[1:]:
+        for pair, frequency in more.items():
+            total[pair] += frequency
+    return total
+
+
+class WordShards:
+    """The words of the vocabulary dealt out to this process and the workers at the other
+    end of ``connections`` (:func:`.processes.servers` running :func:`_serve_words`): each
+    merge is made in every shard at once, and the changes to the pair frequencies are
+    summed. Merging in the words and finding those changes is four fifths of subword-nmt's
+    learning time; the sums are of integers, so the frequencies are the same for any number
+    of shards."""
+
+    def __init__(self, shards: list, connections: list):
+        for conn, shard in zip(connections, shards[1:]):
+            conn.send(shard)
+        self.vocab, self.connections = shards[0], connections
+
+    def statistics(self) -> defaultdict:
+        """subword-nmt's ``get_pair_statistics``'s frequencies of every shard's pairs."""
+        stats, self.indices = get_pair_statistics(self.vocab)
+        return _summed([stats, *(answer(conn, "learn BPE") for conn in self.connections)])
+
+    def merge(self, pair: tuple) -> defaultdict:
+        """Merge ``pair`` in every shard: the changes to the pair frequencies."""
+        for conn in self.connections:
+            conn.send(pair)
+        here = _merge(pair, self.vocab, self.indices)
+        return _summed([here, *(answer(conn, "learn BPE") for conn in self.connections)])
+
+
+def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_frequency: int = 2,
+                 workers: int = 1) -> None:
     """Write the BPE merges that subword-nmt's ``learn_bpe`` learns from these word counts.
 
     subword-nmt's loop with its own helpers and choices (pairs counted per word, the pruned
     statistics and their threshold, ties broken by the larger pair), so the codes are the
     same, line for line. Only the bookkeeping is faster: the most frequent pair is looked up
-    in :class:`PairFrequencies` instead of found by a scan of every pair; a merge's changes
-    to the pair frequencies are summed in a plain dict, then filed once per pair; and
-    pruning reads only the pairs changed since it last ran.
+    in :class:`PairFrequencies` instead of found by a scan of every pair; a merge is made
+    in the words of ``workers`` shards of the vocabulary at once (:class:`WordShards`) and
+    its changes to the pair frequencies are summed, then filed once per pair; and pruning
+    reads only the pairs changed since it last ran.
     """
     codes.write("#version: 0.2\n")
     vocab = [(tuple(word[:-1]) + (word[-1] + "</w>",), count) for word, count in counts.items()]
     vocab.sort(key=lambda item: item[1], reverse=True)  # stable: words of equal counts keep their order
-    big_stats, indices = get_pair_statistics(vocab)
-    if not big_stats:  # no word of two characters: nothing to merge (subword-nmt fails on max())
-        return
-    # threshold is inspired by Zipfian assumption, but should only affect speed (subword-nmt)
-    threshold = max(big_stats.values()) / 10
-    stats = PairFrequencies(big_stats, threshold)
-    for i in range(merges):
-        most_frequent = stats.most_frequent()
-        if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
-            stats.prune(big_stats, threshold)
-            stats = PairFrequencies(big_stats)
+    shards = [vocab[k::workers] for k in range(workers)]  # as many frequent words in each
+    del vocab
+    with servers(_serve_words, workers - 1) as connections:
+        words = WordShards(shards, connections)
+        del shards
+        big_stats = words.statistics()
+        if not big_stats:  # no word of two characters: nothing to merge (subword-nmt fails on max())
+            return
+        # threshold is inspired by Zipfian assumption, but should only affect speed (subword-nmt)
+        threshold = max(big_stats.values()) / 10
+        stats = PairFrequencies(big_stats, threshold)
+        for i in range(merges):
             most_frequent = stats.most_frequent()
-            threshold = stats[most_frequent] * i / (i + 10000.0)
-            stats.prune(big_stats, threshold)
-            stats.threshold = threshold  # pruning left only the pairs at least this frequent
-        if stats[most_frequent] < min_frequency:
-            logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
-            break
-        codes.write("{0} {1}\n".format(*most_frequent))
-        progress.update()
-        changes = replace_pair(most_frequent, vocab, indices)
-        frequency_changes = defaultdict(int)
-        update_pair_statistics(most_frequent, changes, frequency_changes, indices)
-        stats.add(frequency_changes)
-        stats[most_frequent] = 0
-        if not i % 100:
-            stats.prune(big_stats, threshold)
+            if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
+                stats.prune(big_stats, threshold)
+                stats = PairFrequencies(big_stats)
+                most_frequent = stats.most_frequent()
+                threshold = stats[most_frequent] * i / (i + 10000.0)
+                stats.prune(big_stats, threshold)
+                stats.threshold = threshold  # pruning left only the pairs at least this frequent
+            if stats[most_frequent] < min_frequency:
+                logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
+                break
+            codes.write("{0} {1}\n".format(*most_frequent))
+            progress.update()
+            stats.add(words.merge(most_frequent))
+            stats[most_frequent] = 0
+            if not i % 100:
+                stats.prune(big_stats, threshold)
 
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
                     merges: int = DEFAULT_MERGES, workers: int = 1, sample: int = 0) -> None:
     """Learn ``merges`` BPE operations on the concatenation of ``train_paths``.
 
-    The words are counted in ``workers`` processes; the merges are learned on one core by
-    :func:`learn_merges`, the same codes as subword-nmt's ``learn_bpe`` on the text itself.
+    The words are counted, and the merges learned (:func:`learn_merges`), in ``workers``
+    processes: the same codes as subword-nmt's ``learn_bpe`` on the text itself.
     ``sample``: learn from this many lines of each file, spread evenly (0: all). The merge
     loop's time grows with the number of distinct words, which a sample bounds; what it
     changes in the segmented text is measured by ``python -m bench.sampling`` (the
@@ -203,7 +261,7 @@ def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
     counts = count_words(train_paths, workers, sample)
     progress = Progress("learn BPE", merges, unit="merges")
     with open(codes_path, "w", encoding="utf-8") as codes:
-        learn_merges(counts, codes, merges, progress)
+        learn_merges(counts, codes, merges, progress, workers=workers)
     progress.finish()
 
 

@@ -239,7 +239,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     bpe.add_argument("--no-bpe", action="store_true", help="word-level vocabulary, no BPE")
     parser.add_argument("--bpe-sample", type=int, default=DEFAULT_SAMPLE, metavar="N",
                         help=f"learn BPE from at most N training pairs spread evenly over the "
-                             f"corpus: subword-nmt's merges run on one core, in a time that grows "
+                             f"corpus: learning the merges takes a time and memory that grow "
                              f"with the vocabulary (default {DEFAULT_SAMPLE}; 0: every pair)")
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
                         help=f"drop training pairs with a side longer than this many tokens "

@@ -22,6 +22,10 @@ The worker processes of a pool (:func:`worker_pool`) leave Ctrl-C to the command
 it, and keep the kernel's SIGTERM, so that neither an interrupted nor a killed command leaves
 workers running or printing tracebacks.
 
+Workers that keep a state between requests (the words of a shard of the vocabulary, while
+BPE's merges are learned) are forked processes with a connection each (:func:`servers`):
+they leave Ctrl-C to the command and die with it likewise.
+
 A step of this package can also run beside the others (:func:`beside`): in a forked
 process that gets SIGTERM at the parent's death, is stopped with SIGTERM when the parent's
 work fails or is interrupted, and hands back its error, as one line, when it fails.
@@ -157,6 +161,59 @@ def beside(name: str, fn: Callable, *args) -> Iterator[None]:
     child.join()
     if error is not None:
         raise PreprocessError(f"{name}: {error}")
+
+
+def _serve(conn, fn: Callable, die: Optional[Callable[[], None]], parent_ends: list) -> None:
+    """A forked process of :func:`servers`: ``fn(conn)`` until the parent closes its end of
+    the connection (the copies of the parent's ends that the fork gave this process are
+    closed first, or the parent's would not be the last)."""
+    for end in parent_ends:
+        end.close()
+    _start_pool_worker(die)
+    try:
+        fn(conn)
+    except EOFError:  # the parent is done with this server
+        pass
+
+
+@contextlib.contextmanager
+def servers(fn: Callable, count: int) -> Iterator[list]:
+    """``count`` forked processes, each running ``fn(connection)`` to answer what this
+    process sends on its connection until the connection closes (``fn``'s ``recv`` raises
+    EOFError); the block gets the connections, whose answers :func:`answer` reads. A
+    server's state is best sent to it, not left to the fork: it then holds its own copy of
+    what it uses, not pages it shares with this process and copies as it touches them. The
+    processes leave Ctrl-C to this process and die with it, like a pool's workers; at the
+    block's end the connections are closed and the processes waited for, or stopped if the
+    block failed."""
+    context, die, connections, processes = multiprocessing.get_context("fork"), die_with_parent(), [], []
+    try:
+        for _ in range(count):
+            here, there = multiprocessing.Pipe()
+            connections.append(here)
+            processes.append(context.Process(target=_serve, args=(there, fn, die, connections), daemon=True))
+            processes[-1].start()
+            there.close()
+        yield connections
+    except BaseException:
+        for process in processes:
+            process.terminate()
+        raise
+    finally:
+        for connection in connections:
+            connection.close()
+        for process in processes:
+            process.join()
+
+
+def answer(connection, name: str):
+    """What a server of :func:`servers` sent on ``connection``; a :class:`PreprocessError`
+    naming ``name`` if it stopped instead (killed, or out of memory: its traceback is on
+    stderr)."""
+    try:
+        return connection.recv()
+    except EOFError:
+        raise PreprocessError(f"{name}: a worker process stopped before answering") from None
 
 
 def process_exists(pid: int) -> bool:

@@ -7,6 +7,10 @@ that is not a space, one-character words). Real subword-nmt, no mocks.
 """
 import contextlib
 import io
+import os
+import signal
+import subprocess
+import threading
 
 import pytest
 from subword_nmt.apply_bpe import BPE
@@ -15,6 +19,8 @@ from subword_nmt.learn_bpe import learn_bpe
 from conftest import DATA
 from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
+from convs2s_preprocess.processes import descendants
+from faults import ENV, command
 
 MULTI30K = DATA / "multi30k"
 # Lines enough for several batches of lines and of distinct words, so that both workers
@@ -58,14 +64,15 @@ def test_apply_bpe_file_is_subword_nmts_segment_of_every_line(corpus, tmp_path, 
     assert got.count(b"@@ ") > LINES  # the codes split words: the table is used
 
 
-@pytest.mark.parametrize("lines, merges, workers", [(2000, 3000, 1), (2000, 3000, 2), (300, 100000, 1)])
+@pytest.mark.parametrize("lines, merges, workers", [(2000, 3000, 1), (2000, 3000, 2), (2000, 3000, 3),
+                                                    (300, 100000, 1), (300, 100000, 2)])
 def test_learned_codes_are_subword_nmts(tmp_path, monkeypatch, lines, merges, workers):
     """The merge loop keeps subword-nmt's helpers and pruning but files the pairs by frequency
     instead of reading them all for each merge: the codes must still be subword-nmt's, line
     for line. 2000 lines and 3000 merges go through a rebuild of the pruned statistics;
     300 lines run out of pairs that occur twice, through many ties (largest pair first).
     With 2 workers the words of the two files are counted in chunks of 700 lines that each
-    worker reads itself."""
+    worker reads itself; with 2 or 3 the merges are made in as many shards of the words."""
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found under {DATA}")
     monkeypatch.setattr(bpe, "COUNT_CHUNK_LINES", 700)
@@ -96,3 +103,38 @@ def test_codes_of_words_without_pairs_are_empty(tmp_path):
     learn_joint_bpe([str(path)], str(codes), 10)
 
     assert codes.read_text(encoding="utf-8") == "#version: 0.2\n"
+
+
+def test_a_killed_merge_worker_stops_learning_with_one_line(tmp_path):
+    """convs2s-prepare --workers 3 learns the merges in this process and 2 workers, each
+    with a shard of the words: SIGKILL of one of them while the merges are learned (the
+    OOM killer's way) stops the command with one line naming the stage, and no codes;
+    neither a hang waiting for its answer nor a traceback."""
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found under {DATA}")
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_bytes((MULTI30K / f"train.{lang}").read_bytes())
+    out = tmp_path / "out"
+    proc = subprocess.Popen(command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
+                                    "-o", out, "--workers", 3),
+                            cwd=tmp_path, env={**ENV, "CONVS2S_PROGRESS_SECONDS": "0"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hang = threading.Timer(300, proc.kill)  # a command waiting for ever fails the test
+    hang.start()
+    try:
+        for line in proc.stderr:  # every merge is logged: the command waits for this reader
+            if "| learn BPE: 1/" in line:  # the first merge is made
+                break
+        workers = descendants(proc.pid)
+        assert len(workers) == 2, f"not 2 merge workers: {workers}"
+        os.kill(workers[0], signal.SIGKILL)
+        stderr = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        hang.cancel()
+
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert stderr.splitlines()[-1] == "error: learn BPE: a worker process stopped before answering"
+    assert not (out / "bpe" / "codes").exists()
