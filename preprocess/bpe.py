@@ -19,7 +19,7 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
-from .processes import answer, servers
+from .processes import answer, servers, tell
 from .progress import Progress
 from .textio import decode_line, in_sample, map_lines
 
@@ -163,6 +163,7 @@ def _serve_words(conn) -> None:
     vocab = conn.recv()
     stats, indices = get_pair_statistics(vocab)
     conn.send(dict(stats))
+    del stats
     while True:
         conn.send(dict(_merge(conn.recv(), vocab, indices)))
 
@@ -181,11 +182,12 @@ class WordShards:
     merge is made in every shard at once, and the changes to the pair frequencies are
     summed. Merging in the words and finding those changes is four fifths of subword-nmt's
     learning time; the sums are of integers, so the frequencies are the same for any number
-    of shards."""
+    of shards. The workers are best forked before the words are counted: then they share
+    no pages of the words with this process, which would copy each page it frees."""
 
     def __init__(self, shards: list, connections: list):
         for conn, shard in zip(connections, shards[1:]):
-            conn.send(shard)
+            tell(conn, shard, "learn BPE")
         self.vocab, self.connections = shards[0], connections
 
     def statistics(self) -> defaultdict:
@@ -196,55 +198,58 @@ class WordShards:
     def merge(self, pair: tuple) -> defaultdict:
         """Merge ``pair`` in every shard: the changes to the pair frequencies."""
         for conn in self.connections:
-            conn.send(pair)
+            tell(conn, pair, "learn BPE")
         here = _merge(pair, self.vocab, self.indices)
         return _summed([here, *(answer(conn, "learn BPE") for conn in self.connections)])
 
 
-def learn_merges(counts: Counter, codes, merges: int, progress: Progress, min_frequency: int = 2,
-                 workers: int = 1) -> None:
-    """Write the BPE merges that subword-nmt's ``learn_bpe`` learns from these word counts.
+def learn_merges(counts: Counter, codes, merges: int, min_frequency: int = 2, connections: Sequence = ()) -> None:
+    """Write the BPE merges that subword-nmt's ``learn_bpe`` learns from these word counts
+    (dropped once read: pass the only reference).
 
     subword-nmt's loop with its own helpers and choices (pairs counted per word, the pruned
     statistics and their threshold, ties broken by the larger pair), so the codes are the
     same, line for line. Only the bookkeeping is faster: the most frequent pair is looked up
     in :class:`PairFrequencies` instead of found by a scan of every pair; a merge is made
-    in the words of ``workers`` shards of the vocabulary at once (:class:`WordShards`) and
-    its changes to the pair frequencies are summed, then filed once per pair; and pruning
-    reads only the pairs changed since it last ran.
+    in this process's shard of the words and in those of the :class:`WordShards` workers at
+    the other end of ``connections`` at once, and its changes to the pair frequencies are
+    summed, then filed once per pair; and pruning reads only the pairs changed since it last
+    ran.
     """
     codes.write("#version: 0.2\n")
     vocab = [(tuple(word[:-1]) + (word[-1] + "</w>",), count) for word, count in counts.items()]
+    del counts
     vocab.sort(key=lambda item: item[1], reverse=True)  # stable: words of equal counts keep their order
-    shards = [vocab[k::workers] for k in range(workers)]  # as many frequent words in each
+    shards = [vocab[k::len(connections) + 1] for k in range(len(connections) + 1)]  # as many frequent words in each
     del vocab
-    with servers(_serve_words, workers - 1) as connections:
-        words = WordShards(shards, connections)
-        del shards
-        big_stats = words.statistics()
-        if not big_stats:  # no word of two characters: nothing to merge (subword-nmt fails on max())
-            return
-        # threshold is inspired by Zipfian assumption, but should only affect speed (subword-nmt)
-        threshold = max(big_stats.values()) / 10
-        stats = PairFrequencies(big_stats, threshold)
-        for i in range(merges):
+    words = WordShards(shards, connections)
+    del shards
+    big_stats = words.statistics()
+    if not big_stats:  # no word of two characters: nothing to merge (subword-nmt fails on max())
+        return
+    # threshold is inspired by Zipfian assumption, but should only affect speed (subword-nmt)
+    threshold = max(big_stats.values()) / 10
+    stats = PairFrequencies(big_stats, threshold)
+    progress = Progress("learn BPE", merges, unit="merges")
+    for i in range(merges):
+        most_frequent = stats.most_frequent()
+        if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
+            stats.prune(big_stats, threshold)
+            stats = PairFrequencies(big_stats)
             most_frequent = stats.most_frequent()
-            if most_frequent is None:  # below the threshold, or pruned: maybe a pruned pair is the most frequent
-                stats.prune(big_stats, threshold)
-                stats = PairFrequencies(big_stats)
-                most_frequent = stats.most_frequent()
-                threshold = stats[most_frequent] * i / (i + 10000.0)
-                stats.prune(big_stats, threshold)
-                stats.threshold = threshold  # pruning left only the pairs at least this frequent
-            if stats[most_frequent] < min_frequency:
-                logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
-                break
-            codes.write("{0} {1}\n".format(*most_frequent))
-            progress.update()
-            stats.add(words.merge(most_frequent))
-            stats[most_frequent] = 0
-            if not i % 100:
-                stats.prune(big_stats, threshold)
+            threshold = stats[most_frequent] * i / (i + 10000.0)
+            stats.prune(big_stats, threshold)
+            stats.threshold = threshold  # pruning left only the pairs at least this frequent
+        if stats[most_frequent] < min_frequency:
+            logger.info("learn BPE: no pair occurs %d times or more; stopping after %d merges", min_frequency, i)
+            break
+        codes.write("{0} {1}\n".format(*most_frequent))
+        progress.update()
+        stats.add(words.merge(most_frequent))
+        stats[most_frequent] = 0
+        if not i % 100:
+            stats.prune(big_stats, threshold)
+    progress.finish()
 
 
 def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
@@ -258,11 +263,9 @@ def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
     changes in the segmented text is measured by ``python -m bench.sampling`` (the
     performance page).
     """
-    counts = count_words(train_paths, workers, sample)
-    progress = Progress("learn BPE", merges, unit="merges")
-    with open(codes_path, "w", encoding="utf-8") as codes:
-        learn_merges(counts, codes, merges, progress, workers=workers)
-    progress.finish()
+    with servers(_serve_words, workers - 1) as connections, \
+            open(codes_path, "w", encoding="utf-8") as codes:
+        learn_merges(count_words(train_paths, workers, sample), codes, merges, connections=connections)
 
 
 @functools.lru_cache(maxsize=None)

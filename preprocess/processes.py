@@ -180,7 +180,7 @@ def _serve(conn, fn: Callable, die: Optional[Callable[[], None]], parent_ends: l
 def servers(fn: Callable, count: int) -> Iterator[list]:
     """``count`` forked processes, each running ``fn(connection)`` to answer what this
     process sends on its connection until the connection closes (``fn``'s ``recv`` raises
-    EOFError); the block gets the connections, whose answers :func:`answer` reads. A
+    EOFError); the block gets the connections, for :func:`tell` and :func:`answer`. A
     server's state is best sent to it, not left to the fork: it then holds its own copy of
     what it uses, not pages it shares with this process and copies as it touches them. The
     processes leave Ctrl-C to this process and die with it, like a pool's workers; at the
@@ -206,14 +206,26 @@ def servers(fn: Callable, count: int) -> Iterator[list]:
             process.join()
 
 
+@contextlib.contextmanager
+def _server_stopped(name: str) -> Iterator[None]:
+    try:
+        yield
+    except (EOFError, ConnectionError):
+        raise PreprocessError(f"{name}: a worker process stopped before answering") from None
+
+
+def tell(connection, message, name: str) -> None:
+    """Send ``message`` to a server of :func:`servers`; a :class:`PreprocessError` naming
+    ``name`` if it stopped (killed, or out of memory: its traceback is on stderr)."""
+    with _server_stopped(name):
+        connection.send(message)
+
+
 def answer(connection, name: str):
     """What a server of :func:`servers` sent on ``connection``; a :class:`PreprocessError`
-    naming ``name`` if it stopped instead (killed, or out of memory: its traceback is on
-    stderr)."""
-    try:
+    naming ``name`` if it stopped instead."""
+    with _server_stopped(name):
         return connection.recv()
-    except EOFError:
-        raise PreprocessError(f"{name}: a worker process stopped before answering") from None
 
 
 def process_exists(pid: int) -> bool:
