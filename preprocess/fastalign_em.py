@@ -29,10 +29,11 @@ Multi30k's 29,000 lines (two runs of the binary differ on 7; ``tests/test_fastal
 
 Every core, one model. fast_align's C++ adds each posterior to one hash table from OpenMP
 threads ("Ignore race conditions here", its ttables.h), so that its model changes from run
-to run. Here the corpus is cut into chunks of :data:`CHUNK_PAIRS` pairs, whatever the
-number of workers. A worker computes a chunk's posteriors and sums them per word pair of the
-chunk in the chunk's order (E-step); then each worker takes a range of the table's rows, adds
-the chunks' sums into it in chunk order and normalizes its rows (M-step). Every count is
+to run. Here the corpus is read :data:`CHUNK_PAIRS` pairs at a time and cut into chunks of
+about :data:`CHUNK_CELLS` cells (a cell being a target word's source word or NULL),
+whatever the number of workers. A worker computes a chunk's posteriors and sums them per
+word pair of the chunk in the chunk's order (E-step); then each worker takes a range of the
+table's rows, adds the chunks' sums into it in chunk order and normalizes its rows (M-step). Every count is
 thus summed in one order for any number of workers: the model is the same for every number,
 on every run.
 
@@ -41,10 +42,10 @@ NULL with every target word, in one sorted array of keys ``e * 2**32 + f`` (8 by
 kept in this process and shared with the forked workers, and one of t(f|e) in double
 precision as fast_align holds it (8 more), in a file of the work folder that the workers
 read and write through the page cache. Each chunk leaves in the work folder, for the passes,
-where its word pairs are in the table (4 bytes per cell, a cell being a target word's
-source word or NULL, plus 4 or 8 per distinct word pair of the chunk) and, during a pass,
-its counts (8 bytes per distinct word pair): a few GiB of disk for 1,000,000 pairs of 25
-words a side, removed at the end. A worker holds one chunk's arrays at a time.
+where its word pairs are in the table (4 bytes per cell, plus 4 or 8 per distinct word pair
+of the chunk) and, during a pass, its counts (8 bytes per distinct word pair): a few GiB of
+disk for 1,000,000 pairs of 25 words a side, removed at the end. A worker holds one chunk's
+arrays at a time: some tens of values per cell.
 """
 import functools
 import itertools
@@ -69,11 +70,14 @@ ALPHA = 0.01  # the Dirichlet prior's concentration (-a)
 UNINITIALIZED = 1e-9  # t(f|e) in the first pass, before any table (ttables.h)
 TENSION_STEPS, TENSION_RATE, MIN_TENSION, MAX_TENSION = 8, 20.0, 0.1, 14.0
 PASSES = 4  # of fast_align's 5 iterations, those that update the model
-# Pairs a worker takes at a time: fixed, whatever the workers, so that the order of the sums
-# never changes. A worker's E-step holds some tens of arrays of a value per cell of its
-# chunk: with 10,000 pairs a chunk, training on 100,000 pairs of a 2,000,000-pair built
-# corpus peaked at 1.7 GB in 2 workers; with 1,000, the whole alignment stayed under 0.75.
+# Pairs a worker reads at a time, and cells (target words times their source words and
+# NULL) it then takes at a time: fixed, whatever the workers, so that the order of
+# the sums never changes. A worker's E-step holds some tens of arrays of a value per cell
+# of its chunk: with 10,000 pairs a chunk, training on 100,000 pairs of a 2,000,000-pair
+# built corpus peaked at 1.7 GB in 2 workers; with 1,000, the whole alignment stayed under
+# 0.75. A bound on the cells keeps that whatever the sentences' lengths.
 CHUNK_PAIRS = 1_000
+CHUNK_CELLS = 250_000
 RANGES_PER_WORKER = 4  # of the table's rows, in the M-step
 
 
@@ -123,6 +127,20 @@ class Cells(NamedTuple):
     column: np.ndarray  # of each cell: its column and its i (from 1)
     i: np.ndarray
     starts: np.ndarray  # each column's first cell
+
+
+def pieces(chunk: Chunk, cells: int) -> List[Chunk]:
+    """``chunk`` cut into chunks of about ``cells`` cells at most: each holds the pairs whose
+    first cell falls in one multiple of ``cells`` of ``chunk``'s cells, so it ends within
+    its last pair's cells past the bound."""
+    sizes = chunk.m.astype(np.int64) * (chunk.n.astype(np.int64) + 1)
+    run = (np.cumsum(sizes) - sizes) // cells
+    cuts = np.flatnonzero(np.diff(run)) + 1
+    source_cuts = np.cumsum(chunk.n.astype(np.int64))[cuts - 1]
+    target_cuts = np.cumsum(chunk.m.astype(np.int64))[cuts - 1]
+    return [Chunk(n, m, source, target) for n, m, source, target in zip(
+        np.split(chunk.n, cuts), np.split(chunk.m, cuts), np.split(chunk.source, source_cuts),
+        np.split(chunk.target, target_cuts))]
 
 
 def cells_of(chunk: Chunk) -> Cells:
@@ -372,7 +390,8 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
         for words, chunk in map_batches(_read, chunks, workers):
             local = np.fromiter((ids.setdefault(word, len(ids) + 1) for word in words),
                                 dtype=np.int32, count=len(words))
-            read.append(chunk._replace(source=local[chunk.source], target=local[chunk.target]))
+            read += pieces(chunk._replace(source=local[chunk.source], target=local[chunk.target]),
+                           CHUNK_CELLS)
             progress.update(len(chunk.m))
         _shared["chunks"] = read
 

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT
 from convs2s_preprocess import fastalign, fastalign_em
-from convs2s_preprocess.fastalign_em import Settings, digamma, expected_feature, split_pair
+from convs2s_preprocess.fastalign_em import Chunk, Settings, digamma, expected_feature, pieces, split_pair
 from test_align import REFERENCE, needs_reference, write
 
 FAST_ALIGN = {  # (-d, -o, -v) on the first 5000 pairs of the reference corpus
@@ -82,11 +82,12 @@ def test_links_of_every_pair_are_the_binarys_but_a_few(tmp_path, caplog):
 
 @needs_reference
 def test_the_model_is_the_same_for_any_number_of_workers(tmp_path, monkeypatch):
-    """Chunks of 700 pairs trained by 1, 2 or 3 workers: the same tables, bit for bit (the
-    sums go in chunk order whoever computes them), and the same tension. Chunks of another
-    size add in another order: equal to rounding."""
+    """Chunks of 700 pairs read, cut into chunks of 20,000 cells, trained by 1, 2 or 3
+    workers: the same tables, bit for bit (the sums go in chunk order whoever computes them),
+    and the same tension. Chunks of another size add in another order: equal to rounding."""
     corpus = _subset(tmp_path, 3000)
     monkeypatch.setattr(fastalign_em, "CHUNK_PAIRS", 700)
+    monkeypatch.setattr(fastalign_em, "CHUNK_CELLS", 20_000)
     models = [_train(corpus, tmp_path / f"w{workers}", Settings(True, True, True), workers)
               for workers in (1, 2, 3)]
     for table, tension in models[1:]:
@@ -98,6 +99,25 @@ def test_the_model_is_the_same_for_any_number_of_workers(tmp_path, monkeypatch):
     assert np.array_equal(table.keys, models[0][0].keys)
     assert tension == pytest.approx(models[0][1], rel=1e-12)
     assert np.allclose(table.probs, models[0][0].probs, rtol=1e-9, atol=0)
+
+
+def test_pieces_bound_the_cells_and_keep_every_pair():
+    """A chunk cut by cells: every pair once, in order, with its words; each piece within its
+    last pair's cells past the bound; a pair longer than the bound ends its piece."""
+    rng = np.random.default_rng(0)
+    n, m = rng.integers(1, 40, 500, dtype=np.int32), rng.integers(1, 40, 500, dtype=np.int32)
+    m[100] = n[100] = 200  # 40,200 cells alone
+    chunk = Chunk(n, m, rng.integers(2, 10**6, n.sum(), dtype=np.int32),
+                  rng.integers(2, 10**6, m.sum(), dtype=np.int32))
+    bound = 5_000
+    cut = pieces(chunk, bound)
+
+    for side in Chunk._fields:
+        assert np.array_equal(np.concatenate([getattr(piece, side) for piece in cut]), getattr(chunk, side))
+    for piece in cut:
+        assert len(piece.m) and piece.source.size == piece.n.sum() and piece.target.size == piece.m.sum()
+        sizes = piece.m.astype(np.int64) * (piece.n + 1)
+        assert sizes[:-1].sum() < bound
 
 
 def test_the_model_al_feat_is_fast_aligns():
