@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Optional
 
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
+from convs2s_preprocess.atomic import record_path
 from convs2s_preprocess.parallel import available_cores
 from convs2s_preprocess.textio import count_lines
 from convs2s_recipes.corpora import data_root
@@ -252,6 +253,9 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=())
         stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.align", "--src", sides(clean)[0],
                                 "--tgt", sides(clean)[1], "-o", str(work / "align.dict"),
                                 "--workers", str(workers)]
+        if "align dict" not in skip:  # else an earlier run's dictionary of the same text is kept
+            for path in (work / "align.dict", Path(record_path([str(work / "align.dict")]))):
+                path.unlink(missing_ok=True)
     results = {stage: measure([(argv, None, None)]) for stage, argv in stages.items() if stage not in skip}
     if "align dict" in results:  # the pairs fast_align's model was trained on
         results["align dict"]["train_pairs"] = min(count_lines(sides(clean)[0]), DEFAULT_TRAIN_SAMPLE)

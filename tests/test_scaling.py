@@ -9,7 +9,7 @@ import pytest
 
 from bench.cores import serial_from_walls
 from bench.scaling import (FIXED_PAIRS, SERIAL, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, measured_serial,
-                           totals, training_seconds, _with_earlier)
+                           ours, totals, training_seconds, _with_earlier)
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.progress import Progress
@@ -31,6 +31,18 @@ def test_corpus_repeats_the_shared_pairs_with_variation(tmp_path):
     assert len(later) > 0.99 * (size - len(pairs)) and not later & set(pairs)  # new sentences
     words = {w for line in src[:len(pairs)] for w in line.split()}
     assert len({w for line in src for w in line.split()}) > 1.2 * len(words)  # and new words
+
+
+@needs_data
+def test_each_run_trains_the_aligner_again(tmp_path):
+    """A second run in the same folder (--only "align dict" after a full run) measures the
+    aligner, not convs2s-align-dict finding its earlier dictionary of the same text up to date
+    (which took 0.2 s and was recorded as the stage's figures)."""
+    build_corpus(base_pairs(DATA)[:300], 300, tmp_path / "raw")
+    (tmp_path / "work").mkdir()
+    runs = [ours(tmp_path / "raw", tmp_path / "work", 1, 50, align=True, skip=set(STAGES) - keep)
+            for keep in ({"tokenize", "clean", "align dict"}, {"align dict"})]
+    assert [run["align dict"]["train_s"] is not None for run in runs] == [True, True]
 
 
 @pytest.mark.parametrize("seconds", [42, 7_384, 93_784, 2 * 86_400 + 5])
