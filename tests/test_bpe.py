@@ -10,6 +10,7 @@ import io
 import os
 import signal
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -20,7 +21,7 @@ from conftest import DATA
 from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
 from convs2s_preprocess.processes import descendants
-from faults import ENV, command
+from faults import ENV
 
 MULTI30K = DATA / "multi30k"
 # Lines enough for several batches of lines and of distinct words, so that both workers
@@ -76,6 +77,7 @@ def test_learned_codes_are_subword_nmts(tmp_path, monkeypatch, lines, merges, wo
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found under {DATA}")
     monkeypatch.setattr(bpe, "COUNT_CHUNK_LINES", 700)
+    monkeypatch.setattr(bpe, "SHARD_WORDS", 100)
     text, paths = [], [tmp_path / "text.en", tmp_path / "text.de"]
     for lang, path in zip(("en", "de"), paths):
         with open(MULTI30K / f"train.{lang}", encoding="utf-8") as f:
@@ -107,16 +109,18 @@ def test_codes_of_words_without_pairs_are_empty(tmp_path):
 
 def test_a_killed_merge_worker_stops_learning_with_one_line(tmp_path):
     """convs2s-prepare --workers 3 learns the merges in this process and 2 workers, each
-    with a shard of the words: SIGKILL of one of them while the merges are learned (the
-    OOM killer's way) stops the command with one line naming the stage, and no codes;
-    neither a hang waiting for its answer nor a traceback."""
+    with a shard of the words (of 1,000 words at least here, not SHARD_WORDS: Multi30k has
+    fewer): SIGKILL of one of them while the merges are learned (the OOM killer's way) stops
+    the command with one line naming the stage, and no codes; neither a hang waiting for its
+    answer nor a traceback."""
     if not MULTI30K.is_dir():
         pytest.skip(f"Multi30k not found under {DATA}")
     for lang in ("en", "de"):
         (tmp_path / f"train.{lang}").write_bytes((MULTI30K / f"train.{lang}").read_bytes())
     out = tmp_path / "out"
-    proc = subprocess.Popen(command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
-                                    "-o", out, "--workers", 3),
+    prepare = "from convs2s_preprocess import bpe, pipeline; bpe.SHARD_WORDS = 1000; pipeline.main()"
+    proc = subprocess.Popen([sys.executable, "-c", prepare, "-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
+                             "-o", out, "--workers", "3"],
                             cwd=tmp_path, env={**ENV, "CONVS2S_PROGRESS_SECONDS": "0"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     hang = threading.Timer(300, proc.kill)  # a command waiting for ever fails the test
