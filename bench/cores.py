@@ -6,8 +6,8 @@
 the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
 On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
 runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, learn BPE,
-apply BPE and binarize. For each stage and count it prints the wall time, the CPU time of all its processes, the
-speed-up over the fewest workers, and the serial fraction ``s`` that the fewest and each
+apply BPE and binarize. For each stage and count it prints the wall time, the CPU time of
+all its processes, the speed-up over the fewest workers, and the serial fraction ``s`` that the fewest and each
 larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``, solved from the two
 wall times): the share of the stage that more cores do not shorten (process start, the
 import of fairseq, this process's reading and writing). Run it on a machine with many

@@ -174,6 +174,7 @@ def _serve_words(conn) -> None:
 
 
 def _summed(frequencies: list) -> defaultdict:
+    """The first of ``frequencies`` (a ``defaultdict(int)``), the others added to it."""
     total = frequencies[0]
     for more in frequencies[1:]:
         for pair, frequency in more.items():

@@ -33,9 +33,9 @@ to run. Here the corpus is read :data:`CHUNK_PAIRS` pairs at a time and cut into
 about :data:`CHUNK_CELLS` cells (a cell being a target word's source word or NULL),
 whatever the number of workers. A worker computes a chunk's posteriors and sums them per
 word pair of the chunk in the chunk's order (E-step); then each worker takes a range of the
-table's rows, adds the chunks' sums into it in chunk order and normalizes its rows (M-step). Every count is
-thus summed in one order for any number of workers: the model is the same for every number,
-on every run.
+table's rows, adds the chunks' sums into it in chunk order and normalizes its rows
+(M-step). Every count is thus summed in one order for any number of workers: the model is
+the same for every number, on every run.
 
 Memory and disk. The table holds every word pair that meets in a pair of the corpus, and
 NULL with every target word, in one sorted array of keys ``e * 2**32 + f`` (8 bytes an entry)
@@ -134,8 +134,8 @@ def pieces(chunk: Chunk, cells: int) -> List[Chunk]:
     first cell falls in one multiple of ``cells`` of ``chunk``'s cells, so it ends within
     its last pair's cells past the bound."""
     sizes = chunk.m.astype(np.int64) * (chunk.n.astype(np.int64) + 1)
-    run = (np.cumsum(sizes) - sizes) // cells
-    cuts = np.flatnonzero(np.diff(run)) + 1
+    multiple = (np.cumsum(sizes) - sizes) // cells  # that each pair's first cell falls in
+    cuts = np.flatnonzero(np.diff(multiple)) + 1
     source_cuts = np.cumsum(chunk.n.astype(np.int64))[cuts - 1]
     target_cuts = np.cumsum(chunk.m.astype(np.int64))[cuts - 1]
     return [Chunk(n, m, source, target) for n, m, source, target in zip(

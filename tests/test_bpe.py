@@ -7,6 +7,7 @@ that is not a space, one-character words). Real subword-nmt, no mocks.
 """
 import contextlib
 import io
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -105,6 +106,20 @@ def test_codes_of_words_without_pairs_are_empty(tmp_path):
     learn_joint_bpe([str(path)], str(codes), 10)
 
     assert codes.read_text(encoding="utf-8") == "#version: 0.2\n"
+
+
+def test_shards_hold_at_least_shard_words_dealt_in_turn(monkeypatch):
+    """250 words and 3 workers at hand, shards of at least 100 words: two shards, this
+    process's and one worker's, each with every other word from the most frequent; the other
+    workers get nothing and are not asked."""
+    monkeypatch.setattr(bpe, "SHARD_WORDS", 100)
+    vocab = [((f"w{i}",), 1000 - i) for i in range(250)]
+    pipes = [multiprocessing.Pipe() for _ in range(3)]
+
+    words = bpe.WordShards(vocab, [here for here, _ in pipes])
+
+    assert words.vocab == vocab[::2] and pipes[0][1].recv() == vocab[1::2]
+    assert words.connections == [pipes[0][0]] and not pipes[1][1].poll() and not pipes[2][1].poll()
 
 
 def test_a_killed_merge_worker_stops_learning_with_one_line(tmp_path):
