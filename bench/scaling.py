@@ -24,10 +24,11 @@ extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 core
 - peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
   rough guide only;
 - our alignment dictionary apart: fast_align's model is trained on at most
-  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (its logged wall time on the workers,
-  turned into CPU time with its serial fraction, ``SERIAL["align dict training"]``), fitted
-  over the pairs each run trained on (``train_pairs``), is extrapolated to that many pairs
-  at most, and the rest, decoding and counting, in proportion to the pairs
+  ``DEFAULT_TRAIN_SAMPLE`` pairs, so its training (its logged wall and CPU time, their
+  serial fraction read as above; runs that logged no CPU time turn the wall time into CPU
+  time with ``SERIAL["align dict training"]``), fitted over the pairs each run trained on
+  (``train_pairs``), is extrapolated to that many pairs at most, and the rest, decoding and
+  counting, in proportion to the pairs
   from the largest size measured: each pair is decoded and counted on its own with a
   table whose size stops growing with the sample (a fit over the sizes would read the
   built corpus' pairs, longer after the first pass, as growth).
@@ -175,6 +176,7 @@ def tree_memory_kib(root: int) -> int:
 # (str of a timedelta: "1 day, 2:03:04" past a day).
 TRAINED = re.compile(r"train fast_align's model: .* in (?:(\d+) days?, )?(\d+):(\d\d):(\d\d)$",
                      re.MULTILINE)
+TRAINED_CPU = re.compile(r"train fast_align's model: ([\d.]+) CPU seconds$", re.MULTILINE)
 
 
 def training_seconds(log: str) -> Optional[int]:
@@ -188,10 +190,11 @@ def training_seconds(log: str) -> Optional[int]:
 
 def measure(commands: list) -> dict:
     """Run shell-free commands one after another: {wall_s, cpu_s, peak_mib}, and
-    ``train_s`` where a command logs the end of fast_align's training (its wall time). A
-    command is (argv, stdin path or None, stdout path or None)."""
+    ``train_s`` and ``train_cpu_s`` where a command logs the end of fast_align's training
+    (its wall time and the CPU time of its processes). A command is (argv, stdin path or
+    None, stdout path or None)."""
     wall = cpu = peak = 0.0
-    train = None
+    train = train_cpu = None
     for argv, stdin, stdout in commands:
         with open(stdin or os.devnull, "rb") as inp, open(stdout or os.devnull, "wb") as out, \
                 tempfile.TemporaryFile() as err:
@@ -218,8 +221,12 @@ def measure(commands: list) -> dict:
             trained = training_seconds(log)
             if trained is not None:
                 train = (train or 0) + trained
+            trained_cpu = TRAINED_CPU.search(log)
+            if trained_cpu:
+                train_cpu = (train_cpu or 0) + float(trained_cpu.group(1))
     return {"wall_s": wall, "cpu_s": cpu, "peak_mib": peak,
-            **({"train_s": train} if train is not None else {})}
+            **({"train_s": train} if train is not None else {}),
+            **({"train_cpu_s": train_cpu} if train_cpu is not None else {})}
 
 
 # --- the two pipelines ---------------------------------------------------------------------
@@ -387,9 +394,14 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             train = [runs[n][pipeline][stage].get("train_s") for n in ns]
             capped = pipeline == "ours" and DEFAULT_TRAIN_SAMPLE and None not in train
             if capped:  # the training apart: on at most the sample
-                st = SERIAL["align dict training"]
                 wall = [max(w - t, 1e-3) for w, t in zip(wall, train)]
-                train = [t / (st + (1 - st) / runs[n]["workers"]) for t, n in zip(train, ns)]
+                train_cpu = [runs[n][pipeline][stage].get("train_cpu_s") for n in ns]
+                if None in train_cpu:  # not logged: from its wall time and SERIAL's fraction
+                    st = SERIAL["align dict training"]
+                    train_cpu = [t / (st + (1 - st) / runs[n]["workers"]) for t, n in zip(train, ns)]
+                else:
+                    st = serial_fraction("align dict training", train[-1], train_cpu[-1], workers)
+                train = train_cpu
                 cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 # the pairs each run trained on: its corpus', up to the sample size of its time
                 trained_on = [runs[n][pipeline][stage].get("train_pairs", int(n)) for n in ns]

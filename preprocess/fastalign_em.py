@@ -51,6 +51,7 @@ import functools
 import itertools
 import logging
 import os
+import resource
 import shutil
 import tempfile
 from typing import Iterable, List, NamedTuple, Tuple
@@ -374,11 +375,20 @@ def _optimize_tension(tension: float, al_feat: float, lengths: np.ndarray, token
     return tension
 
 
+def _cpu_seconds() -> float:
+    """The CPU time of this process and of its children that have ended (the workers of
+    each pool, which ends with its map)."""
+    return sum(usage.ru_utime + usage.ru_stime for usage in
+               map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+
+
 def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tuple:
     """fast_align's model of ``corpus`` (``source ||| target`` lines), trained by ``workers``
     processes, in a folder of its own in ``workdir``, removed at the end: (its
     :class:`TranslationTable`, its final tension). A ValueError names a line fast_align
-    would stop at (see :func:`corpus_pair`)."""
+    would stop at (see :func:`corpus_pair`). Its wall time and the CPU time of all its
+    processes are logged at its end (``bench.scaling`` reads them)."""
+    cpu = _cpu_seconds()
     (total,), chunks = line_chunks([corpus], CHUNK_PAIRS)
     progress = Progress("train fast_align's model", (PASSES + 2) * total, unit="pair passes",
                         log=logger)
@@ -431,6 +441,7 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
             list(map_batches(_maximize, ranges, workers))
             _shared["trained"] = True
         progress.finish()
+        logger.info("train fast_align's model: %.1f CPU seconds", _cpu_seconds() - cpu)
         return TranslationTable(ids, keys, np.array(_probs("r"))), _shared["tension"]
     finally:
         _shared.clear()

@@ -1,4 +1,5 @@
 """bench.scaling: the corpora it builds from the shared data, its extrapolation, and a smoke run."""
+import copy
 import json
 import logging
 import math
@@ -43,6 +44,8 @@ def test_each_run_trains_the_aligner_again(tmp_path):
     runs = [ours(tmp_path / "raw", tmp_path / "work", 1, 50, align=True, skip=set(STAGES) - keep)
             for keep in ({"tokenize", "clean", "align dict"}, {"align dict"})]
     assert [run["align dict"]["train_s"] is not None for run in runs] == [True, True]
+    # the training's CPU time, from its log: part of the stage's
+    assert all(0 < run["align dict"]["train_cpu_s"] < run["align dict"]["cpu_s"] for run in runs)
 
 
 @pytest.mark.parametrize("seconds", [42, 7_384, 93_784, 2 * 86_400 + 5])
@@ -107,6 +110,18 @@ def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion()
                                                          rel=1e-6)
     assert cells["36000000x32"]["hours"] == pytest.approx(
         (1 + 1000 / on_2 * (st + (1 - st) / 32) + 300 * (36_000_000 / cap) / 32) / 3600, rel=1e-6)
+
+    # the training's CPU time logged: its serial fraction read from it (0.3 on 2 workers)
+    logged = copy.deepcopy(runs)
+    for run in logged.values():
+        cell = run["ours"]["align dict"]
+        cell["train_cpu_s"] = cell["train_s"] / 0.65
+        cell["cpu_s"] += cell["train_cpu_s"] - cell["train_s"] / on_2
+    cells = extrapolate(logged, fixed, workers=2)["ours"]["align dict"]
+    assert cells["36000000x2"]["hours"] == pytest.approx((1 + 1000 + 300 * (36_000_000 / cap) / 2) / 3600,
+                                                         rel=1e-6)
+    assert cells["36000000x32"]["hours"] == pytest.approx(
+        (1 + 1000 / 0.65 * (0.3 + 0.7 / 32) + 300 * (36_000_000 / cap) / 32) / 3600, rel=1e-6)
 
     # a larger run that trained on a smaller sample (an earlier cap), at the same power of its
     # pairs: fitted by the pairs it trained on, the prediction stays (not by its corpus' pairs)
