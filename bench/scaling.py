@@ -86,8 +86,8 @@ SERIAL = {"tokenize": 0.0, "clean": 0.0, "apply BPE": 0.0, "binarize": 0.1,
           # the whole alignment dictionary: 2,000,000 built pairs took 664 s on 2 workers
           # for 1,204 s of CPU (AMD EPYC, alone)
           "align dict": 0.1, "align dict less training": 0.2,
-          # fast_align's training: 200,000 built pairs took 78.7 s on 1 worker and 43.3 s on
-          # 2 (AMD EPYC, alone), so about 0.1; an optimistic bound for many cores
+          # fast_align's training, for runs that did not log its CPU time: 200,000 built
+          # pairs took 78.7 s on 1 worker and 43.3 s on 2 (AMD EPYC, alone), so about 0.1
           "align dict training": 0.1}
 # The stages whose outputs a stage reads (run first when --only asks for it).
 NEEDS = {"clean": ["tokenize"], "learn BPE": ["clean"], "apply BPE": ["learn BPE"],

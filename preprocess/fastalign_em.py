@@ -72,11 +72,9 @@ UNINITIALIZED = 1e-9  # t(f|e) in the first pass, before any table (ttables.h)
 TENSION_STEPS, TENSION_RATE, MIN_TENSION, MAX_TENSION = 8, 20.0, 0.1, 14.0
 PASSES = 4  # of fast_align's 5 iterations, those that update the model
 # Pairs a worker reads at a time, and cells (target words times their source words and
-# NULL) it then takes at a time: fixed, whatever the workers, so that the order of
-# the sums never changes. A worker's E-step holds some tens of arrays of a value per cell
-# of its chunk: with 10,000 pairs a chunk, training on 100,000 pairs of a 2,000,000-pair
-# built corpus peaked at 1.7 GB in 2 workers; with 1,000, the whole alignment stayed under
-# 0.75. A bound on the cells keeps that whatever the sentences' lengths.
+# NULL) it then takes at a time: fixed, whatever the workers, so that the order of the sums
+# never changes. A worker's E-step holds some tens of arrays of a value per cell of its
+# chunk, so the bound on the cells bounds its memory whatever the sentences' lengths.
 CHUNK_PAIRS = 1_000
 CHUNK_CELLS = 250_000
 RANGES_PER_WORKER = 4  # of the table's rows, in the M-step
