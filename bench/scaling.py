@@ -202,9 +202,11 @@ def measure(commands: list) -> dict:
             proc = subprocess.Popen(argv, stdin=inp, stdout=out, stderr=err)
             peaks, done = [0], threading.Event()
 
-            def sample(pid=proc.pid):
-                while not done.wait(SAMPLE_SECONDS):
+            def sample(pid=proc.pid):  # from the start: a command may end within a period
+                while True:
                     peaks[0] = max(peaks[0], tree_memory_kib(pid))
+                    if done.wait(SAMPLE_SECONDS):
+                        break
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             _, status, usage = os.wait4(proc.pid, 0)
@@ -217,7 +219,9 @@ def measure(commands: list) -> dict:
                 raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{log[-3000:]}")
             wall += time.monotonic() - start
             cpu += usage.ru_utime + usage.ru_stime
-            peak = max(peak, peaks[0] / 1024, usage.ru_maxrss / 1024)
+            # not usage.ru_maxrss: Linux starts it at this process's resident size, which the
+            # command's process held from fork until exec
+            peak = max(peak, peaks[0] / 1024)
             trained = training_seconds(log)
             if trained is not None:
                 train = (train or 0) + trained

@@ -10,7 +10,7 @@ import pytest
 
 from bench.cores import serial_from_walls
 from bench.scaling import (FIXED_PAIRS, SERIAL, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, measured_serial,
-                           ours, totals, training_seconds, _with_earlier)
+                           measure, ours, totals, training_seconds, _with_earlier)
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.progress import Progress
@@ -160,6 +160,18 @@ def test_smoke_run_writes_table_json_and_plot(tmp_path):
     record = json.loads(out.read_text())
     assert set(record["runs"]["1000"]["ours"]) == set(STAGES) and str(FIXED_PAIRS) not in record["runs"]
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_peak_memory_is_the_commands_not_the_measuring_process():
+    """A command measured from a process that holds 400 MiB: its peak is its own (Linux
+    starts a child's ru_maxrss at its parent's resident size, kept from fork to exec),
+    and a command that takes 200 MiB is seen taking them."""
+    held = bytearray(400 * 2**20)  # touched: resident
+    small = measure([([sys.executable, "-c", "import time; time.sleep(1)"], None, None)])
+    large = measure([([sys.executable, "-c", "import time; b = bytearray(200 * 2**20); time.sleep(1)"],
+                      None, None)])
+    assert small["peak_mib"] < 100 and 200 < large["peak_mib"] < 300
+    del held
 
 
 def test_serial_fraction_reads_amdahls_law_back():
