@@ -1,17 +1,20 @@
 """How our data preparation's stages scale with the cores of one machine.
 
-``python -m bench.cores --size 2000000 --workers 2 16 --json cores.json``
+``python -m bench.cores --size 2000000 --workers 2 16 [--align] --json cores.json``
 
 ``bench.scaling`` extrapolates each stage from the cores at hand to 32 by Amdahl's law, with
 the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
 On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
 runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, learn BPE,
-apply BPE and binarize. For each stage and count it prints the wall time, the CPU time of
-all its processes, the speed-up over the fewest workers, and the serial fraction ``s`` that the fewest and each
-larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``, solved from the two
-wall times): the share of the stage that more cores do not shorten (process start, the
-import of fairseq, this process's reading and writing). Run it on a machine with many
-cores, alone; a smoke run: ``python -m bench.cores --size 20000 --workers 1 2 --merges 500``.
+apply BPE and binarize, and with ``--align`` the alignment dictionary. For each stage and
+count it prints the wall time, the CPU time of all its processes, the peak memory of its
+process tree, the speed-up over the fewest workers, and the serial fraction ``s`` that the
+fewest and each larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``,
+solved from the two wall times): the share of the stage that more cores do not shorten
+(process start, the import of fairseq, this process's reading and writing). Run it on a
+machine with many cores, alone; a smoke run:
+``python -m bench.cores --size 20000 --workers 1 2 --merges 500``. Counts above the
+machine's cores still give each stage's memory for that many workers, not its times.
 """
 import argparse
 import json
@@ -41,6 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2, os.cpu_count()],
                         help="worker counts, at least two (default: 2 and the machine's cores)")
     parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
+    parser.add_argument("--align", action="store_true", help="also the alignment dictionary")
     parser.add_argument("--workdir", help="where the corpus and outputs go (default: temporary)")
     parser.add_argument("--json", metavar="FILE", help="write the measurements")
     args = parser.parse_args(argv)
@@ -55,23 +59,23 @@ def main(argv=None) -> None:
         runs = {}
         for workers in counts:
             print(f"{args.size:,} pairs, {workers} workers", file=sys.stderr, flush=True)
-            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=False)
-    print(f"{machine}; {args.size:,} pairs; wall s / CPU s; speed-up over {counts[0]} workers; "
-          "serial fraction")
-    print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>26}" for n in counts))
-    for stage in STAGES:
+            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=args.align)
+    print(f"{machine}; {args.size:,} pairs; wall s / CPU s, peak MiB; speed-up over {counts[0]} "
+          "workers; serial fraction")
+    print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>34}" for n in counts))
+    for stage in STAGES + ["align dict"] * args.align:
         cells = []
         for workers in counts:
             run = runs[workers].get(stage)
             if run is None:
-                cells.append(f"{'':>26}")
+                cells.append(f"{'':>34}")
                 continue
-            cell = f"{run['wall_s']:.1f} / {run['cpu_s']:.1f}"
+            cell = f"{run['wall_s']:.1f} / {run['cpu_s']:.1f}, {run['peak_mib']:.0f}"
             base = runs[counts[0]].get(stage)
             if base and workers != counts[0]:
                 s = serial_from_walls(counts[0], base["wall_s"], workers, run["wall_s"])
                 cell += f" {base['wall_s'] / run['wall_s']:.1f}x s={s:.2f}"
-            cells.append(f"{cell:>26}")
+            cells.append(f"{cell:>34}")
         print(f"{stage:>10} " + " ".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args),

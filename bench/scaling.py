@@ -363,14 +363,15 @@ def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
 
 def measured_serial(path: str) -> dict:
     """{stage: serial fraction} of our stages by bench.cores (its JSON): Amdahl's law read
-    from the wall times of its fewest and most workers."""
-    from .cores import serial_from_walls
+    from the wall times of its fewest and most workers. Not the alignment dictionary's: its
+    training's and the rest's are read apart (:func:`extrapolate`)."""
+    from .cores import STAGES as SCALED, serial_from_walls
     runs = json.loads(Path(path).read_text())["runs"]
     counts = sorted(runs, key=int)
     few, many = counts[0], counts[-1]
     return {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
                                                        int(many), runs[many][stage]["wall_s"])))
-            for stage in runs[few] if stage in runs[many]}
+            for stage in SCALED if stage in runs[few] and stage in runs[many]}
 
 
 def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = None) -> dict:

@@ -183,15 +183,21 @@ def test_serial_fraction_reads_amdahls_law_back():
 
 @needs_data
 def test_cores_smoke_run_times_every_stage_per_count(tmp_path):
-    """bench.cores on 2,000 pairs with 1 and 2 workers (about 20 s on 2 cores)."""
+    """bench.cores on 2,000 pairs with 1 and 2 workers, the alignment dictionary too (about
+    half a minute on 2 cores): every stage's times and peak memory per count; the serial
+    fractions it gives bench.scaling are not the alignment's, whose parts are read apart."""
     out = tmp_path / "cores.json"
     proc = subprocess.run([sys.executable, "-m", "bench.cores", "--size", "2000", "--workers", "1", "2",
-                           "--merges", "100", "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+                           "--merges", "100", "--align", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "speed-up over 1 workers" in proc.stdout and " binarize " in proc.stdout
+    assert "\nalign dict " in proc.stdout and "peak MiB" in proc.stdout
     runs = json.loads(out.read_text())["runs"]
-    assert set(runs["1"]) == set(runs["2"]) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
-    assert "learn BPE" in measured_serial(str(out))
+    assert set(runs["1"]) == set(runs["2"]) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize",
+                                                "align dict"}
+    assert all(run["peak_mib"] > 0 for run in runs["2"].values())
+    assert set(measured_serial(str(out))) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
 
 
 def test_only_some_stages_measured_take_the_others_from_the_earlier_run():
