@@ -19,10 +19,12 @@ compared with the full one, over the full one's source words:
   and ``--replace-unk`` looks up.
 
 **BPE.** For each corpus in ``--bpe-sizes`` it learns ``--merges`` joint codes from every
-pair and from each ``--bpe-samples`` size (``convs2s-prepare --bpe-sample N``), applies
-each set of codes to every 10th pair of the corpus, and compares with the full codes'
-segmentation: the share of lines segmented the same, the segments per line (a sequence
-length, which training time follows) and the distinct segments used.
+pair and every word, from each ``--bpe-samples`` size (``convs2s-prepare --bpe-sample N``)
+and from each ``--bpe-max-words`` count of the most frequent words
+(``convs2s-prepare --bpe-max-words N``: the words kept and their share of the text are
+recorded), applies each set of codes to every 10th pair of the corpus, and compares with
+the full codes' segmentation: the share of lines segmented the same, the segments per line
+(a sequence length, which training time follows) and the distinct segments used.
 
 Every run's wall time, CPU time and peak memory is recorded (meaningful only alone).
 
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from subword_nmt.apply_bpe import BPE
 
-from convs2s_preprocess.bpe import SEPARATOR
+from convs2s_preprocess.bpe import SEPARATOR, count_words, most_frequent_words
 from convs2s_preprocess.tokenize import normalize_and_tokenize
 from convs2s_recipes.corpora import data_root
 
@@ -120,11 +122,12 @@ def run_corpus(name: str, prefix: Path, samples: list, workers: int) -> dict:
     return result
 
 
-def learn_codes(prefix: Path, codes: Path, merges: int, sample: int, workers: int) -> dict:
+def learn_codes(prefix: Path, codes: Path, merges: int, workers: int, sample: int = 0,
+                max_words: int = 0) -> dict:
     """Learn joint BPE as convs2s-prepare does; its wall time, CPU time and peak memory."""
     code = ("from convs2s_preprocess.bpe import learn_joint_bpe\n"
             f"learn_joint_bpe({[f'{prefix}.{SRC}', f'{prefix}.{TGT}']!r}, {str(codes)!r}, "
-            f"{merges}, workers={workers}, sample={sample})")
+            f"{merges}, workers={workers}, sample={sample}, max_words={max_words})")
     return measure([([sys.executable, "-c", code], None, None)])
 
 
@@ -134,37 +137,48 @@ def segment(codes: Path, lines: list) -> list:
     return [bpe.segment(line).split() for line in lines]
 
 
-def run_bpe(name: str, prefix: Path, merges: int, samples: list, workers: int) -> dict:
-    lines = [line for lang in (SRC, TGT) for line in
-             open(f"{prefix}.{lang}", encoding="utf-8").read().splitlines()[::EVALUATION_EVERY]]
-    pairs = sum(1 for _ in open(f"{prefix}.{SRC}", encoding="utf-8"))
+def run_bpe(name: str, prefix: Path, merges: int, samples: list, max_words: list, workers: int) -> dict:
+    texts = [open(f"{prefix}.{lang}", encoding="utf-8").read().splitlines() for lang in (SRC, TGT)]
+    lines = [line for text in texts for line in text[::EVALUATION_EVERY]]
+    pairs = len(texts[0])
+    del texts
+    counts = count_words([f"{prefix}.{SRC}", f"{prefix}.{TGT}"], workers)
     print(f"{name}: BPE from every pair", file=sys.stderr, flush=True)
     full_codes = prefix.parent / f"{name}.codes"
-    result = {"pairs": pairs, "merges": merges, "evaluation_lines": len(lines),
-              "full": learn_codes(prefix, full_codes, merges, 0, workers), "samples": {}}
+    result = {"pairs": pairs, "merges": merges, "evaluation_lines": len(lines), "words": len(counts),
+              "full": learn_codes(prefix, full_codes, merges, workers), "samples": {}, "max_words": {}}
     full = segment(full_codes, lines)
     result["full"].update(segments_per_line=sum(map(len, full)) / len(lines),
                           distinct_segments=len({s for line in full for s in line}))
-    for sample in sorted(s for s in samples if s < pairs):
-        print(f"{name}: BPE from {sample:,} pairs", file=sys.stderr, flush=True)
-        codes = prefix.parent / f"{name}.{sample}.codes"
-        run = learn_codes(prefix, codes, merges, sample, workers)
-        sampled = segment(codes, lines)
-        result["samples"][str(sample)] = {
-            **run, "same_lines": sum(a == b for a, b in zip(sampled, full)) / len(lines),
-            "segments_per_line": sum(map(len, sampled)) / len(lines),
-            "distinct_segments": len({s for line in sampled for s in line})}
+    runs = [("samples", sample, f"{sample:,} pairs", {"sample": sample})
+            for sample in sorted(s for s in samples if s < pairs)]
+    runs += [("max_words", count, f"the {count:,} most frequent words", {"max_words": count})
+             for count in sorted(c for c in max_words if c < len(counts))]
+    for kind, size, what, option in runs:
+        print(f"{name}: BPE from {what}", file=sys.stderr, flush=True)
+        codes = prefix.parent / f"{name}.{kind}.{size}.codes"
+        run = learn_codes(prefix, codes, merges, workers, **option)
+        if kind == "max_words":
+            kept = most_frequent_words(counts, size)
+            run.update(words_kept=len(kept), text_share=sum(kept.values()) / sum(counts.values()))
+        learned = segment(codes, lines)
+        result[kind][str(size)] = {
+            **run, "same_lines": sum(a == b for a, b in zip(learned, full)) / len(lines),
+            "segments_per_line": sum(map(len, learned)) / len(lines),
+            "distinct_segments": len({s for line in learned for s in line})}
     return result
 
 
 def print_bpe_table(results: dict) -> None:
-    print(f"{'corpus':>10} {'BPE from':>10} {'same lines':>11} {'segments/line':>14} "
+    print(f"{'corpus':>10} {'BPE from':>16} {'same lines':>11} {'segments/line':>14} "
           f"{'distinct':>9} {'CPU s':>8} {'peak MiB':>9}")
     for name, result in results.items():
-        for sample, row in [("all", result["full"]), *result["samples"].items()]:
-            same = "" if sample == "all" else f"{row['same_lines']:.2%}"
-            size = sample if sample == "all" else f"{int(sample):,}"
-            print(f"{name:>10} {size:>10} {same:>11} {row['segments_per_line']:>14.2f} "
+        rows = [("all", result["full"])]
+        rows += [(f"{int(size):,} pairs", row) for size, row in result["samples"].items()]
+        rows += [(f"{int(size):,} words", row) for size, row in result.get("max_words", {}).items()]
+        for what, row in rows:
+            same = "" if what == "all" else f"{row['same_lines']:.2%}"
+            print(f"{name:>10} {what:>16} {same:>11} {row['segments_per_line']:>14.2f} "
                   f"{row['distinct_segments']:>9,} {row['cpu_s']:>8.0f} {row['peak_mib']:>9.0f}")
 
 
@@ -196,6 +210,8 @@ def main(argv=None) -> None:
                         help="built corpora for BPE, in pairs (default 500000)")
     parser.add_argument("--bpe-samples", type=int, nargs="+", default=[100_000, 250_000],
                         help="BPE sample sizes (default 100000 250000)")
+    parser.add_argument("--bpe-max-words", type=int, nargs="*", default=[],
+                        help="learn BPE from this many of the most frequent words (default: none)")
     parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
     parser.add_argument("--only", choices=["dictionary", "bpe"], help="measure only this part")
@@ -225,7 +241,8 @@ def main(argv=None) -> None:
             if part == "dictionary":
                 results[part][name] = run_corpus(name, workdir / name, samples, args.workers)
             else:
-                results[part][name] = run_bpe(name, workdir / name, merges, samples, args.workers)
+                results[part][name] = run_bpe(name, workdir / name, merges, samples, args.bpe_max_words,
+                                              args.workers)
             save()
     print_table(results["dictionary"])
     print_bpe_table(results["bpe"])

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
+from .errors import PreprocessError
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .processes import answer, servers, tell
 from .progress import Progress
@@ -27,6 +28,11 @@ DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
 # (--bpe-sample), chosen by bench/sampling.py: see the performance page.
 DEFAULT_SAMPLE = 0
+# Learning BPE holds about 1.5 KiB per distinct word (measured: see the performance page), so
+# it learns from at most this many, the most frequent (--bpe-max-words): under 6 GiB whatever
+# the corpus. What leaving out the rarest words changes in the codes is measured by
+# bench/sampling.py.
+DEFAULT_MAX_WORDS = 4_000_000
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
 # Lines per chunk of counting the words or finding the distinct ones: its result, a Counter
@@ -78,6 +84,29 @@ def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Coun
             progress.update(counted)
     progress.finish()
     return counts
+
+
+def most_frequent_words(counts: Counter, max_words: int) -> Counter:
+    """The words of ``counts`` seen at least f times, f the fewest times that leaves at most
+    ``max_words`` of them (0: every word), in their order. The rarest words are left out a
+    count at a time, so which are kept does not depend on the order of equally frequent ones.
+    ``counts`` is not changed; a new Counter is returned only where words are left out."""
+    if not max_words or len(counts) <= max_words:
+        return counts
+    kept, least = 0, None
+    for count, words in sorted(Counter(counts.values()).items(), reverse=True):
+        if kept + words > max_words:
+            break
+        kept, least = kept + words, count
+    if least is None:
+        raise PreprocessError(f"learn BPE: --bpe-max-words {max_words} leaves no word: more "
+                              f"words than that are equally the most frequent; give a larger number")
+    frequent = Counter({word: count for word, count in counts.items() if count >= least})
+    logger.info("learn BPE: learning from the %d words seen %d times or more, of %d distinct "
+                "words (--bpe-max-words %d): %.2f%% of the words in the text",
+                kept, least, len(counts), max_words,
+                100 * sum(frequent.values()) / sum(counts.values()))
+    return frequent
 
 
 class PairFrequencies(defaultdict):
@@ -260,20 +289,21 @@ def learn_merges(counts: Counter, codes, merges: int, min_frequency: int = 2, co
     progress.finish()
 
 
-def learn_joint_bpe(train_paths: Sequence[str], codes_path: str,
-                    merges: int = DEFAULT_MERGES, workers: int = 1, sample: int = 0) -> None:
+def learn_joint_bpe(train_paths: Sequence[str], codes_path: str, merges: int = DEFAULT_MERGES,
+                    workers: int = 1, sample: int = 0, max_words: int = DEFAULT_MAX_WORDS) -> None:
     """Learn ``merges`` BPE operations on the concatenation of ``train_paths``.
 
     The words are counted, and the merges learned (:func:`learn_merges`), in ``workers``
     processes: the same codes as subword-nmt's ``learn_bpe`` on the text itself.
     ``sample``: learn from this many lines of each file, spread evenly (0: all). The merge
-    loop's time grows with the number of distinct words, which a sample bounds; what it
-    changes in the segmented text is measured by ``python -m bench.sampling`` (the
-    performance page).
+    loop's time and memory grow with the number of distinct words, which ``max_words`` bounds
+    (:func:`most_frequent_words`; 0: every word), and a sample too; what either changes in
+    the segmented text is measured by ``python -m bench.sampling`` (the performance page).
     """
     with servers(_serve_words, workers - 1) as connections, \
             open(codes_path, "w", encoding="utf-8") as codes:
-        learn_merges(count_words(train_paths, workers, sample), codes, merges, connections=connections)
+        learn_merges(most_frequent_words(count_words(train_paths, workers, sample), max_words),
+                     codes, merges, connections=connections)
 
 
 @functools.lru_cache(maxsize=None)

@@ -60,7 +60,7 @@ from typing import Optional
 from .align import build_align_dict, find_aligner
 from .atomic import atomic_outputs, run_step
 from .binarize import binarize
-from .bpe import DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
+from .bpe import DEFAULT_MAX_WORDS, DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
 from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
@@ -106,15 +106,16 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             max_len: int = DEFAULT_MAX_LEN, ratio: Optional[float] = DEFAULT_RATIO,
             srcdict: Optional[str] = None, joined_dictionary: bool = True,
             nwords: int = -1, workers: Optional[int] = None,
-            bpe_sample: int = DEFAULT_SAMPLE, align_dict: bool = False,
-            tmpdir: Optional[str] = None) -> str:
+            bpe_sample: int = DEFAULT_SAMPLE, bpe_max_words: int = DEFAULT_MAX_WORDS,
+            align_dict: bool = False, tmpdir: Optional[str] = None) -> str:
     """Run every step that is not current; return the binarized data directory.
 
     Input files are ``PREFIX.LANG``. ``bpe_merges=None`` keeps word-level tokens,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
     Romanian normalization to the ``ro`` side. ``workers``: processes per stage, by default
     the cores this process may use. ``bpe_sample``: learn BPE from at most this many
-    training pairs, spread over the corpus (0: from every pair). ``align_dict``: also build
+    training pairs, spread over the corpus (0: from every pair); ``bpe_max_words``: from at
+    most this many distinct words, the most frequent (0: every word). ``align_dict``: also build
     ``align.dict`` and ``align.candidates`` from the training text that is binarized, beside
     the steps after it, the aligner's work folder in ``tmpdir`` (default: ``outdir``).
     """
@@ -160,8 +161,8 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
             subword_nmt = {"subword-nmt": version("subword-nmt")}
             run_step("learn BPE", files(text["train"]), [codes],
                      lambda out: learn_joint_bpe(files(text["train"]), out, bpe_merges, workers,
-                                                 bpe_sample),
-                     {"merges": bpe_merges, **subword_nmt,
+                                                 bpe_sample, bpe_max_words),
+                     {"merges": bpe_merges, "max_words": bpe_max_words, **subword_nmt,
                       **sample_option("sample", bpe_sample, files(text["train"])[0])})
             segmented = {split: os.path.join(outdir, "bpe", split) for split in prefixes}
             for split in prefixes:  # train first
@@ -241,6 +242,11 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         help=f"learn BPE from at most N training pairs spread evenly over the "
                              f"corpus: learning the merges takes a time and memory that grow "
                              f"with the vocabulary (default {DEFAULT_SAMPLE}; 0: every pair)")
+    parser.add_argument("--bpe-max-words", type=int, default=DEFAULT_MAX_WORDS, metavar="N",
+                        help=f"learn BPE from at most N distinct words, the most frequent: "
+                             f"learning holds about 1.5 KiB per word, so the default keeps it "
+                             f"under 6 GiB whatever the corpus (default {DEFAULT_MAX_WORDS}; "
+                             f"0: every word)")
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
                         help=f"drop training pairs with a side longer than this many tokens "
                              f"(default {DEFAULT_MAX_LEN})")
@@ -268,6 +274,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
         parser.error("--tmpdir is the aligner's work folder: give it with --align-dict")
     if args.bpe_sample < 0:
         parser.error(f"--bpe-sample {args.bpe_sample}: give a number of pairs, or 0 for all")
+    if args.bpe_max_words < 0:
+        parser.error(f"--bpe-max-words {args.bpe_max_words}: give a number of words, or 0 for all")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
     return args
@@ -285,6 +293,7 @@ def main(argv: Optional[list] = None) -> None:
                     ratio=None if args.no_ratio else args.ratio, srcdict=args.srcdict,
                     joined_dictionary=not args.separate_dictionaries, nwords=args.nwords,
                     workers=args.workers, bpe_sample=args.bpe_sample,
+                    bpe_max_words=args.bpe_max_words,
                     align_dict=args.align_dict, tmpdir=args.tmpdir)
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")

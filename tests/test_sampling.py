@@ -9,11 +9,12 @@ from itertools import islice
 
 import numpy as np
 import pytest
-from subword_nmt.learn_bpe import learn_bpe
+from subword_nmt.learn_bpe import get_vocabulary, learn_bpe
 
 from conftest import DATA
 from convs2s_preprocess import fastalign
 from convs2s_preprocess.align import Aligner, build_align_dict
+from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import learn_joint_bpe
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
@@ -56,6 +57,43 @@ def test_bpe_learned_on_a_sample_is_subword_nmt_on_those_lines(tmp_path):
     assert sampled != (tmp_path / "all").read_text(encoding="utf-8")
     learn_joint_bpe(paths, str(tmp_path / "oversized"), 300, sample=5000)
     assert (tmp_path / "oversized").read_text(encoding="utf-8") == (tmp_path / "all").read_text(encoding="utf-8")
+
+
+@needs_multi30k
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bpe_learned_from_the_most_frequent_words_is_subword_nmt_on_those_words(tmp_path, monkeypatch,
+                                                                               caplog, workers):
+    """--bpe-max-words 2000 of 2000 pairs' words: the codes subword-nmt learns from the word
+    counts (its ``--dict-input``) of the words seen at least f times, f the fewest times that
+    leaves at most 2000 (counted here by trying each f); with 2 workers in two shards."""
+    monkeypatch.setattr(bpe, "SHARD_WORDS", 100)
+    caplog.set_level(logging.INFO)
+    sides = {lang: _lines(MULTI30K / f"train.{lang}", 2000) for lang in ("en", "de")}
+    paths = [write(tmp_path / f"train.{lang}", lines) for lang, lines in sides.items()]
+    counts = get_vocabulary([line + "\n" for lines in sides.values() for line in lines])
+    least = next(f for f in range(1, 1000) if sum(c >= f for c in counts.values()) <= 2000)
+    kept = [f"{word} {count}\n" for word, count in counts.items() if count >= least]
+    assert least > 1 and 1000 < len(kept) <= 2000 < len(counts)
+    with open(tmp_path / "expected", "w", encoding="utf-8") as codes:
+        learn_bpe(kept, codes, 300, is_dict=True)
+
+    learn_joint_bpe(paths, str(tmp_path / "frequent"), 300, workers=workers, max_words=2000)
+    learn_joint_bpe(paths, str(tmp_path / "all"), 300, workers=workers, max_words=0)
+
+    frequent = (tmp_path / "frequent").read_text(encoding="utf-8")
+    assert frequent == (tmp_path / "expected").read_text(encoding="utf-8")
+    assert frequent != (tmp_path / "all").read_text(encoding="utf-8")
+    assert f"learning from the {len(kept)} words seen {least} times or more, of {len(counts)}" in caplog.text
+    learn_joint_bpe(paths, str(tmp_path / "enough"), 300, max_words=len(counts))
+    assert (tmp_path / "enough").read_text(encoding="utf-8") == (tmp_path / "all").read_text(encoding="utf-8")
+
+
+def test_bpe_max_words_below_the_most_frequent_words_is_one_error(tmp_path):
+    """Three words seen once each and room for two: no count leaves two or fewer."""
+    path = write(tmp_path / "text", ["a b c"])
+    with pytest.raises(PreprocessError, match="--bpe-max-words 2 leaves no word: more words than that "
+                                              "are equally the most frequent; give a larger number"):
+        learn_joint_bpe([path], str(tmp_path / "codes"), 10, max_words=2)
 
 
 def test_a_pair_the_sampled_table_lacks_gets_fast_aligns_missing_probability():
@@ -142,3 +180,22 @@ def test_prepare_bpe_sample_is_recorded_only_where_it_samples(tmp_path, caplog):
     prepare(str(tmp_path / "out"), **run, bpe_sample=100)
     assert "learn BPE: rebuilding: options changed: sample: None -> 100" in caplog.text
     assert (tmp_path / "out" / "bpe" / "codes").read_text(encoding="utf-8") != codes
+
+
+@needs_multi30k
+def test_prepare_bpe_max_words_relearns_the_codes(tmp_path, caplog):
+    """convs2s-prepare --bpe-max-words: the codes of fewer words than the vocabulary's are
+    learned again (and differ); back to the default, the first codes come back."""
+    for lang in ("en", "de"):
+        write(tmp_path / f"train.{lang}", _lines(MULTI30K / f"train.{lang}", 400))
+    caplog.set_level(logging.INFO)
+    run = dict(src_lang="en", tgt_lang="de", trainpref=str(tmp_path / "train"), bpe_merges=200,
+               workers=1)
+    codes = tmp_path / "out" / "bpe" / "codes"
+    prepare(str(tmp_path / "out"), **run)
+    first = codes.read_text(encoding="utf-8")
+    prepare(str(tmp_path / "out"), **run, bpe_max_words=500)
+    assert f"learn BPE: rebuilding: options changed: max_words: {bpe.DEFAULT_MAX_WORDS} -> 500" in caplog.text
+    assert "learning from the " in caplog.text and codes.read_text(encoding="utf-8") != first
+    prepare(str(tmp_path / "out"), **run)
+    assert codes.read_text(encoding="utf-8") == first
