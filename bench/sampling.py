@@ -20,9 +20,8 @@ compared with the full one, over the full one's source words:
 
 **BPE.** For each corpus in ``--bpe-sizes`` it learns ``--merges`` joint codes from every
 pair and every word, from each ``--bpe-samples`` size (``convs2s-prepare --bpe-sample N``)
-and from each ``--bpe-max-words`` count of the most frequent words
-(``convs2s-prepare --bpe-max-words N``: the words kept and their share of the text are
-recorded), applies each set of codes to every 10th pair of the corpus, and compares with
+and with each ``--bpe-max-words`` bound (``convs2s-prepare --bpe-max-words N``: a sample that
+holds at most N distinct words, the words it holds recorded), applies each set of codes to every 10th pair of the corpus, and compares with
 the full codes' segmentation: the share of lines segmented the same, the segments per line
 (a sequence length, which training time follows) and the distinct segments used.
 
@@ -43,7 +42,7 @@ from pathlib import Path
 
 from subword_nmt.apply_bpe import BPE
 
-from convs2s_preprocess.bpe import SEPARATOR, count_words, most_frequent_words
+from convs2s_preprocess.bpe import SEPARATOR, count_bounded_words, count_words
 from convs2s_preprocess.tokenize import normalize_and_tokenize
 from convs2s_recipes.corpora import data_root
 
@@ -142,25 +141,25 @@ def run_bpe(name: str, prefix: Path, merges: int, samples: list, max_words: list
     lines = [line for text in texts for line in text[::EVALUATION_EVERY]]
     pairs = len(texts[0])
     del texts
-    counts = count_words([f"{prefix}.{SRC}", f"{prefix}.{TGT}"], workers)
+    paths = [f"{prefix}.{SRC}", f"{prefix}.{TGT}"]
     print(f"{name}: BPE from every pair", file=sys.stderr, flush=True)
     full_codes = prefix.parent / f"{name}.codes"
-    result = {"pairs": pairs, "merges": merges, "evaluation_lines": len(lines), "words": len(counts),
-              "full": learn_codes(prefix, full_codes, merges, workers), "samples": {}, "max_words": {}}
+    result = {"pairs": pairs, "merges": merges, "evaluation_lines": len(lines),
+              "words": len(count_words(paths, workers)), "full": learn_codes(prefix, full_codes, merges, workers),
+              "samples": {}, "max_words": {}}
     full = segment(full_codes, lines)
     result["full"].update(segments_per_line=sum(map(len, full)) / len(lines),
                           distinct_segments=len({s for line in full for s in line}))
     runs = [("samples", sample, f"{sample:,} pairs", {"sample": sample})
             for sample in sorted(s for s in samples if s < pairs)]
-    runs += [("max_words", count, f"the {count:,} most frequent words", {"max_words": count})
-             for count in sorted(c for c in max_words if c < len(counts))]
+    runs += [("max_words", count, f"a sample of at most {count:,} words", {"max_words": count})
+             for count in sorted(c for c in max_words if c < result["words"])]
     for kind, size, what, option in runs:
         print(f"{name}: BPE from {what}", file=sys.stderr, flush=True)
         codes = prefix.parent / f"{name}.{kind}.{size}.codes"
         run = learn_codes(prefix, codes, merges, workers, **option)
         if kind == "max_words":
-            kept = most_frequent_words(counts, size)
-            run.update(words_kept=len(kept), text_share=sum(kept.values()) / sum(counts.values()))
+            run.update(words_learned=len(count_bounded_words(paths, workers, max_words=size)))
         learned = segment(codes, lines)
         result[kind][str(size)] = {
             **run, "same_lines": sum(a == b for a, b in zip(learned, full)) / len(lines),
@@ -175,7 +174,7 @@ def print_bpe_table(results: dict) -> None:
     for name, result in results.items():
         rows = [("all", result["full"])]
         rows += [(f"{int(size):,} pairs", row) for size, row in result["samples"].items()]
-        rows += [(f"{int(size):,} words", row) for size, row in result.get("max_words", {}).items()]
+        rows += [(f"<= {int(size):,} words", row) for size, row in result.get("max_words", {}).items()]
         for what, row in rows:
             same = "" if what == "all" else f"{row['same_lines']:.2%}"
             print(f"{name:>10} {what:>16} {same:>11} {row['segments_per_line']:>14.2f} "
@@ -211,7 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--bpe-samples", type=int, nargs="+", default=[100_000, 250_000],
                         help="BPE sample sizes (default 100000 250000)")
     parser.add_argument("--bpe-max-words", type=int, nargs="*", default=[],
-                        help="learn BPE from this many of the most frequent words (default: none)")
+                        help="learn BPE from samples of at most these many distinct words (default: none)")
     parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
     parser.add_argument("--only", choices=["dictionary", "bpe"], help="measure only this part")

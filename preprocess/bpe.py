@@ -22,16 +22,16 @@ from .errors import PreprocessError
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .processes import answer, servers, tell
 from .progress import Progress
-from .textio import decode_line, in_sample, map_lines
+from .textio import count_lines, decode_line, in_sample, map_lines
 
 DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
 # (--bpe-sample), chosen by bench/sampling.py: see the performance page.
 DEFAULT_SAMPLE = 0
 # Learning BPE holds about 1.5 KiB per distinct word (measured: see the performance page), so
-# it learns from at most this many, the most frequent (--bpe-max-words): under 6 GiB whatever
-# the corpus. What leaving out the rarest words changes in the codes is measured by
-# bench/sampling.py.
+# it learns from a sample of the lines that holds at most this many (--bpe-max-words): about
+# 6 GiB whatever the corpus. bench/sampling.py measures what it changes in the codes: less
+# than leaving the rarest words out for the same memory.
 DEFAULT_MAX_WORDS = 4_000_000
 SEPARATOR = "@@"
 _BPE_MARKER = re.compile(r"(@@ )|(@@ ?$)")
@@ -86,27 +86,35 @@ def count_words(paths: Sequence[str], workers: int = 1, sample: int = 0) -> Coun
     return counts
 
 
-def most_frequent_words(counts: Counter, max_words: int) -> Counter:
-    """The words of ``counts`` seen at least f times, f the fewest times that leaves at most
-    ``max_words`` of them (0: every word), in their order. The rarest words are left out a
-    count at a time, so which are kept does not depend on the order of equally frequent ones.
-    ``counts`` is not changed; a new Counter is returned only where words are left out."""
+def count_bounded_words(paths: Sequence[str], workers: int = 1, sample: int = 0,
+                        max_words: int = DEFAULT_MAX_WORDS) -> Counter:
+    """:func:`count_words` of ``paths`` (``sample`` lines of each, 0: all) or, where they hold
+    more than ``max_words`` distinct words (0: no bound), of a smaller sample, spread evenly,
+    that holds at most that many, close to it. Its size is estimated from how the vocabulary
+    grows with the lines (as a power of them, Heaps' law, the power read from the last two
+    counts; the first guess assumes proportion, which overshoots), and its words counted
+    again until they fit: two or three counts."""
+    counts = count_words(paths, workers, sample)
     if not max_words or len(counts) <= max_words:
         return counts
-    kept, least = 0, None
-    for count, words in sorted(Counter(counts.values()).items(), reverse=True):
-        if kept + words > max_words:
-            break
-        kept, least = kept + words, count
-    if least is None:
-        raise PreprocessError(f"learn BPE: --bpe-max-words {max_words} leaves no word: more "
-                              f"words than that are equally the most frequent; give a larger number")
-    frequent = Counter({word: count for word, count in counts.items() if count >= least})
-    logger.info("learn BPE: learning from the %d words seen %d times or more, of %d distinct "
-                "words (--bpe-max-words %d): %.2f%% of the words in the text",
-                kept, least, len(counts), max_words,
-                100 * sum(frequent.values()) / sum(counts.values()))
-    return frequent
+    total = count_lines(paths[0])
+    counted = [(min(sample, total) if sample else total, len(counts))]  # (lines, words)
+    while len(counts) > max_words:
+        lines, words = counted[-1]
+        power = 1.0
+        if len(counted) > 1 and counted[-2][1] > words:
+            power = min(1.0, math.log(counted[-2][1] / words) / math.log(counted[-2][0] / lines))
+        lines = int(lines * (max_words / words) ** (1 / power))
+        if lines < 1:
+            raise PreprocessError(f"learn BPE: --bpe-max-words {max_words} is fewer words than a "
+                                  f"line of {paths[0]} holds: give a larger number")
+        del counts
+        counts = count_words(paths, workers, lines)
+        counted.append((lines, len(counts)))
+    logger.info("learn BPE: %d lines hold %d distinct words, more than --bpe-max-words %d: "
+                "learning from the %d words of %d lines spread evenly over them",
+                *counted[0], max_words, len(counts), counted[-1][0])
+    return counts
 
 
 class PairFrequencies(defaultdict):
@@ -297,13 +305,14 @@ def learn_joint_bpe(train_paths: Sequence[str], codes_path: str, merges: int = D
     processes: the same codes as subword-nmt's ``learn_bpe`` on the text itself.
     ``sample``: learn from this many lines of each file, spread evenly (0: all). The merge
     loop's time and memory grow with the number of distinct words, which ``max_words`` bounds
-    (:func:`most_frequent_words`; 0: every word), and a sample too; what either changes in
-    the segmented text is measured by ``python -m bench.sampling`` (the performance page).
+    by a smaller sample where needed (:func:`count_bounded_words`; 0: no bound); what a sample
+    changes in the segmented text is measured by ``python -m bench.sampling`` (the
+    performance page).
     """
     with servers(_serve_words, workers - 1) as connections, \
             open(codes_path, "w", encoding="utf-8") as codes:
-        learn_merges(most_frequent_words(count_words(train_paths, workers, sample), max_words),
-                     codes, merges, connections=connections)
+        learn_merges(count_bounded_words(train_paths, workers, sample, max_words), codes, merges,
+                     connections=connections)
 
 
 @functools.lru_cache(maxsize=None)

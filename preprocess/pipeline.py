@@ -114,8 +114,9 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     ``ratio=None`` switches the length-ratio filter off, ``romanian`` applies the WMT16
     Romanian normalization to the ``ro`` side. ``workers``: processes per stage, by default
     the cores this process may use. ``bpe_sample``: learn BPE from at most this many
-    training pairs, spread over the corpus (0: from every pair); ``bpe_max_words``: from at
-    most this many distinct words, the most frequent (0: every word). ``align_dict``: also build
+    training pairs, spread over the corpus (0: from every pair); ``bpe_max_words``: from a
+    smaller sample where those pairs hold more distinct words than this (0: no bound).
+    ``align_dict``: also build
     ``align.dict`` and ``align.candidates`` from the training text that is binarized, beside
     the steps after it, the aligner's work folder in ``tmpdir`` (default: ``outdir``).
     """
@@ -243,10 +244,11 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                              f"corpus: learning the merges takes a time and memory that grow "
                              f"with the vocabulary (default {DEFAULT_SAMPLE}; 0: every pair)")
     parser.add_argument("--bpe-max-words", type=int, default=DEFAULT_MAX_WORDS, metavar="N",
-                        help=f"learn BPE from at most N distinct words, the most frequent: "
-                             f"learning holds about 1.5 KiB per word, so the default keeps it "
-                             f"under 6 GiB whatever the corpus (default {DEFAULT_MAX_WORDS}; "
-                             f"0: every word)")
+                        help=f"learn BPE from at most N distinct words: from an evenly spread "
+                             f"sample of the training pairs that holds no more, where the corpus "
+                             f"does; learning holds about 1.5 KiB per word, so the default keeps "
+                             f"it near 6 GiB whatever the corpus (default {DEFAULT_MAX_WORDS}; "
+                             f"0: no bound)")
     parser.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
                         help=f"drop training pairs with a side longer than this many tokens "
                              f"(default {DEFAULT_MAX_LEN})")

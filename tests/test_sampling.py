@@ -4,6 +4,7 @@ What a sample costs the codes and the dictionary is measured by ``bench/sampling
 tests check that the sample is the one documented and that it is used as documented.
 """
 import logging
+import re
 import sys
 from itertools import islice
 
@@ -12,9 +13,8 @@ import pytest
 from subword_nmt.learn_bpe import get_vocabulary, learn_bpe
 
 from conftest import DATA
-from convs2s_preprocess import fastalign
+from convs2s_preprocess import bpe, fastalign
 from convs2s_preprocess.align import Aligner, build_align_dict
-from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import learn_joint_bpe
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
@@ -61,38 +61,38 @@ def test_bpe_learned_on_a_sample_is_subword_nmt_on_those_lines(tmp_path):
 
 @needs_multi30k
 @pytest.mark.parametrize("workers", [1, 2])
-def test_bpe_learned_from_the_most_frequent_words_is_subword_nmt_on_those_words(tmp_path, monkeypatch,
-                                                                               caplog, workers):
-    """--bpe-max-words 2000 of 2000 pairs' words: the codes subword-nmt learns from the word
-    counts (its ``--dict-input``) of the words seen at least f times, f the fewest times that
-    leaves at most 2000 (counted here by trying each f); with 2 workers in two shards."""
+def test_bpe_max_words_learns_from_a_sample_that_holds_at_most_that_many(tmp_path, monkeypatch, caplog,
+                                                                         workers):
+    """--bpe-max-words 3000 of 2000 pairs that hold more words: the codes subword-nmt learns
+    from an evenly spread sample of the pairs whose words are at most 3000 and more than
+    2700 (found in a few counts); with 2 workers in two shards of the words."""
     monkeypatch.setattr(bpe, "SHARD_WORDS", 100)
     caplog.set_level(logging.INFO)
     sides = {lang: _lines(MULTI30K / f"train.{lang}", 2000) for lang in ("en", "de")}
     paths = [write(tmp_path / f"train.{lang}", lines) for lang, lines in sides.items()]
-    counts = get_vocabulary([line + "\n" for lines in sides.values() for line in lines])
-    least = next(f for f in range(1, 1000) if sum(c >= f for c in counts.values()) <= 2000)
-    kept = [f"{word} {count}\n" for word, count in counts.items() if count >= least]
-    assert least > 1 and 1000 < len(kept) <= 2000 < len(counts)
+    words = len(get_vocabulary([line + "\n" for lines in sides.values() for line in lines]))
+
+    learn_joint_bpe(paths, str(tmp_path / "bounded"), 300, workers=workers, max_words=3000)
+
+    logged = re.search(r"learn BPE: 2000 lines hold (\d+) distinct words, more than --bpe-max-words 3000: "
+                       r"learning from the (\d+) words of (\d+) lines spread evenly over them", caplog.text)
+    assert logged and int(logged[1]) == words > 4000
+    sample = int(logged[3])
+    text = [line + "\n" for lines in sides.values() for line in spread_evenly(lines, sample, 2000)]
+    assert 2700 < len(get_vocabulary(text)) == int(logged[2]) <= 3000
     with open(tmp_path / "expected", "w", encoding="utf-8") as codes:
-        learn_bpe(kept, codes, 300, is_dict=True)
-
-    learn_joint_bpe(paths, str(tmp_path / "frequent"), 300, workers=workers, max_words=2000)
-    learn_joint_bpe(paths, str(tmp_path / "all"), 300, workers=workers, max_words=0)
-
-    frequent = (tmp_path / "frequent").read_text(encoding="utf-8")
-    assert frequent == (tmp_path / "expected").read_text(encoding="utf-8")
-    assert frequent != (tmp_path / "all").read_text(encoding="utf-8")
-    assert f"learning from the {len(kept)} words seen {least} times or more, of {len(counts)}" in caplog.text
-    learn_joint_bpe(paths, str(tmp_path / "enough"), 300, max_words=len(counts))
+        learn_bpe(text, codes, 300)
+    assert (tmp_path / "bounded").read_text(encoding="utf-8") == (tmp_path / "expected").read_text(encoding="utf-8")
+    learn_joint_bpe(paths, str(tmp_path / "enough"), 300, max_words=words)
+    learn_joint_bpe(paths, str(tmp_path / "all"), 300, max_words=0)
     assert (tmp_path / "enough").read_text(encoding="utf-8") == (tmp_path / "all").read_text(encoding="utf-8")
 
 
-def test_bpe_max_words_below_the_most_frequent_words_is_one_error(tmp_path):
-    """Three words seen once each and room for two: no count leaves two or fewer."""
+def test_bpe_max_words_below_a_lines_words_is_one_error(tmp_path):
+    """Three words on the one line and room for two: no sample holds two or fewer."""
     path = write(tmp_path / "text", ["a b c"])
-    with pytest.raises(PreprocessError, match="--bpe-max-words 2 leaves no word: more words than that "
-                                              "are equally the most frequent; give a larger number"):
+    with pytest.raises(PreprocessError, match=f"--bpe-max-words 2 is fewer words than a line of {path} "
+                                              "holds: give a larger number"):
         learn_joint_bpe([path], str(tmp_path / "codes"), 10, max_words=2)
 
 
@@ -196,6 +196,6 @@ def test_prepare_bpe_max_words_relearns_the_codes(tmp_path, caplog):
     first = codes.read_text(encoding="utf-8")
     prepare(str(tmp_path / "out"), **run, bpe_max_words=500)
     assert f"learn BPE: rebuilding: options changed: max_words: {bpe.DEFAULT_MAX_WORDS} -> 500" in caplog.text
-    assert "learning from the " in caplog.text and codes.read_text(encoding="utf-8") != first
+    assert "more than --bpe-max-words 500" in caplog.text and codes.read_text(encoding="utf-8") != first
     prepare(str(tmp_path / "out"), **run)
     assert codes.read_text(encoding="utf-8") == first
