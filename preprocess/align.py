@@ -105,12 +105,14 @@ CANDIDATES_PER_WORD = 1000
 # words' translations, 500,000 on 38%).
 DEFAULT_TRAIN_SAMPLE = 1_000_000
 # Counting the links (see count_corpus_links): pairs a worker counts at a time, the
-# memory a worker's counts of one partition may take, what they take per byte of the
-# aligner's links file (measured: see count_corpus_links), and the most partitions.
+# memory a worker's counts of one partition may take, and all workers' together, what
+# they take per byte of the aligner's links file (measured: see count_corpus_links), and
+# the most partitions.
 COUNT_CHUNK_LINES = 50_000
 # Pairs a worker turns into the aligner's input at a time.
 INPUT_CHUNK_LINES = 100_000
 COUNT_MEMORY_PER_WORKER = 256 * 2**20
+COUNT_MEMORY = 4 * 2**30
 COUNT_MEMORY_PER_LINK_BYTE = 4
 MAX_PARTITIONS = 512
 
@@ -348,6 +350,13 @@ def merged_lines(paths: list) -> Iterator[str]:
     return heapq.merge(*map(read_lines, paths), key=lambda line: line.split(" ", 1)[0])
 
 
+def count_partitions(links_bytes: int, workers: int) -> int:
+    """Partitions of the counts of a links file of ``links_bytes``, each small enough for
+    ``workers`` processes, one partition each, to stay within the memory bounds."""
+    share = min(COUNT_MEMORY_PER_WORKER, COUNT_MEMORY // workers) // COUNT_MEMORY_PER_LINK_BYTE
+    return max(1, min(MAX_PARTITIONS, -(-links_bytes // share)))
+
+
 def count_corpus_links(corpus_path: str, links_path: str, workdir: str, workers: int,
                        out_path: str, candidates_path: Optional[str] = None,
                        partitions: Optional[int] = None) -> None:
@@ -361,15 +370,15 @@ def count_corpus_links(corpus_path: str, links_path: str, workdir: str, workers:
     summed, by one worker, into its dictionary and candidate lines, sorted, and the
     partitions' lines are merged. A source word's counts are all in one partition, so the
     result is what counting everything in one process gives. Partitions are as many as
-    keep a worker's counts near :data:`COUNT_MEMORY_PER_WORKER`, estimated from the links
-    file: the counts took 3.9 bytes per byte of the links file on Multi30k en-de (29,000
+    keep a worker's counts near :data:`COUNT_MEMORY_PER_WORKER`, and all workers' near
+    :data:`COUNT_MEMORY` (:func:`count_partitions`), estimated from the links file: the
+    counts took 3.9 bytes per byte of the links file on Multi30k en-de (29,000
     real pairs; some 150 bytes per distinct word pair) and 1.2 on 300,000 pairs built from
     the shared data, whose pairs repeat. A corpus with more distinct word pairs per link
     takes more (about 25 if every link were a word pair of its own). ``partitions``
     overrides that number.
     """
-    share = COUNT_MEMORY_PER_WORKER // COUNT_MEMORY_PER_LINK_BYTE
-    partitions = partitions or max(1, min(MAX_PARTITIONS, -(-os.path.getsize(links_path) // share)))
+    partitions = partitions or count_partitions(os.path.getsize(links_path), workers)
     totals, chunks = line_chunks([corpus_path, links_path], COUNT_CHUNK_LINES)
     if totals[0] != totals[1]:  # one file ends before the other
         raise lengths_differ(min(totals) + 1)

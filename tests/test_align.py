@@ -19,7 +19,7 @@ import pytest
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import (COUNT_CHUNK_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
                               Aligner, build_align_dict, candidate_lines, count_corpus_links,
-                              count_links, find_aligner, most_frequent, ranked_candidates,
+                              count_links, count_partitions, find_aligner, most_frequent, ranked_candidates,
                               write_aligner_input)
 from convs2s_preprocess import align, fastalign
 from convs2s_preprocess.errors import PreprocessError
@@ -79,6 +79,17 @@ def test_alignment_output_must_fit_the_pairs():
         count_links(pairs, ["0-0 2-1"])
     with pytest.raises(PreprocessError, match="differ in length"):
         count_links(pairs, ["0-0", "0-0"])
+
+
+def test_counts_are_partitioned_to_bound_each_worker_and_all_together():
+    """The counts of a links file take about 4 bytes per byte of it: a worker's partition
+    stays within 256 MiB, and on many workers, all of theirs within 4 GiB together."""
+    gib = 2**30
+    assert count_partitions(1000, 2) == 1
+    assert count_partitions(4 * gib, 2) == 64  # 16 GiB of counts in 256 MiB pieces
+    assert count_partitions(4 * gib, 16) == 64  # 16 x 256 MiB is 4 GiB
+    assert count_partitions(4 * gib, 32) == 128  # 32 x 128 MiB
+    assert count_partitions(1000 * gib, 2) == 512  # at most 512 partitions
 
 
 @needs_reference
