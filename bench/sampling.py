@@ -20,10 +20,11 @@ compared with the full one, over the full one's source words:
 
 **BPE.** For each corpus in ``--bpe-sizes`` it learns ``--merges`` joint codes from every
 pair and every word, from each ``--bpe-samples`` size (``convs2s-prepare --bpe-sample N``)
-and with each ``--bpe-max-words`` bound (``convs2s-prepare --bpe-max-words N``: a sample that
-holds at most N distinct words, the words it holds recorded), applies each set of codes to every 10th pair of the corpus, and compares with
-the full codes' segmentation: the share of lines segmented the same, the segments per line
-(a sequence length, which training time follows) and the distinct segments used.
+and with each ``--bpe-max-words`` bound (``convs2s-prepare --bpe-max-words N``: a sample
+that holds at most N distinct words, the words it holds recorded), applies each set of
+codes to every 10th pair of the corpus, and compares with the full codes' segmentation:
+the share of lines segmented the same, the segments per line (a sequence length, which
+training time follows) and the distinct segments used.
 
 Every run's wall time, CPU time and peak memory is recorded (meaningful only alone).
 
@@ -145,8 +146,8 @@ def run_bpe(name: str, prefix: Path, merges: int, samples: list, max_words: list
     print(f"{name}: BPE from every pair", file=sys.stderr, flush=True)
     full_codes = prefix.parent / f"{name}.codes"
     result = {"pairs": pairs, "merges": merges, "evaluation_lines": len(lines),
-              "words": len(count_words(paths, workers)), "full": learn_codes(prefix, full_codes, merges, workers),
-              "samples": {}, "max_words": {}}
+              "words": len(count_words(paths, workers)),
+              "full": learn_codes(prefix, full_codes, merges, workers), "samples": {}, "max_words": {}}
     full = segment(full_codes, lines)
     result["full"].update(segments_per_line=sum(map(len, full)) / len(lines),
                           distinct_segments=len({s for line in full for s in line}))

@@ -92,8 +92,8 @@ def count_bounded_words(paths: Sequence[str], workers: int = 1, sample: int = 0,
     more than ``max_words`` distinct words (0: no bound), of a smaller sample, spread evenly,
     that holds at most that many, close to it. Its size is estimated from how the vocabulary
     grows with the lines (as a power of them, Heaps' law, the power read from the last two
-    counts; the first guess assumes proportion, which overshoots), and its words counted
-    again until they fit: two or three counts."""
+    counts; the first guess takes the words in proportion to the lines, which leaves too
+    many), and its words counted again until they fit: two or three counts."""
     counts = count_words(paths, workers, sample)
     if not max_words or len(counts) <= max_words:
         return counts

@@ -116,9 +116,9 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     the cores this process may use. ``bpe_sample``: learn BPE from at most this many
     training pairs, spread over the corpus (0: from every pair); ``bpe_max_words``: from a
     smaller sample where those pairs hold more distinct words than this (0: no bound).
-    ``align_dict``: also build
-    ``align.dict`` and ``align.candidates`` from the training text that is binarized, beside
-    the steps after it, the aligner's work folder in ``tmpdir`` (default: ``outdir``).
+    ``align_dict``: also build ``align.dict`` and ``align.candidates`` from the training text
+    that is binarized, beside the steps after it, the aligner's work folder in ``tmpdir``
+    (default: ``outdir``).
     """
     workers = workers or available_cores()
     aligner = find_aligner() if align_dict else None  # none installed: said before any work
@@ -277,7 +277,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     if args.bpe_sample < 0:
         parser.error(f"--bpe-sample {args.bpe_sample}: give a number of pairs, or 0 for all")
     if args.bpe_max_words < 0:
-        parser.error(f"--bpe-max-words {args.bpe_max_words}: give a number of words, or 0 for all")
+        parser.error(f"--bpe-max-words {args.bpe_max_words}: give a number of words, or 0 for no bound")
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers {args.workers}: give at least 1 (or leave it out: the cores available)")
     return args

@@ -184,8 +184,8 @@ def test_prepare_bpe_sample_is_recorded_only_where_it_samples(tmp_path, caplog):
 
 @needs_multi30k
 def test_prepare_bpe_max_words_relearns_the_codes(tmp_path, caplog):
-    """convs2s-prepare --bpe-max-words: the codes of fewer words than the vocabulary's are
-    learned again (and differ); back to the default, the first codes come back."""
+    """convs2s-prepare --bpe-max-words below the training text's words: the codes are learned
+    again, from a sample (and differ); back to the default, the first codes come back."""
     for lang in ("en", "de"):
         write(tmp_path / f"train.{lang}", _lines(MULTI30K / f"train.{lang}", 400))
     caplog.set_level(logging.INFO)
