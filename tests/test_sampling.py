@@ -3,8 +3,10 @@
 What a sample costs the codes and the dictionary is measured by ``bench/sampling.py``; these
 tests check that the sample is the one documented and that it is used as documented.
 """
+import json
 import logging
 import re
+import subprocess
 import sys
 from itertools import islice
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from subword_nmt.learn_bpe import get_vocabulary, learn_bpe
 
-from conftest import DATA
+from conftest import DATA, ROOT
 from convs2s_preprocess import bpe, fastalign
 from convs2s_preprocess.align import Aligner, build_align_dict
 from convs2s_preprocess.bpe import learn_joint_bpe
@@ -20,6 +22,7 @@ from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
 from convs2s_preprocess.textio import spread_evenly
 from test_align import REFERENCE, needs_reference, write
+from test_scaling import needs_data
 
 MULTI30K = DATA / "multi30k"
 needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en").is_file(),
@@ -199,3 +202,20 @@ def test_prepare_bpe_max_words_relearns_the_codes(tmp_path, caplog):
     assert "more than --bpe-max-words 500" in caplog.text and codes.read_text(encoding="utf-8") != first
     prepare(str(tmp_path / "out"), **run)
     assert codes.read_text(encoding="utf-8") == first
+
+
+@needs_data
+def test_sampling_benchmark_compares_bpe_bounded_by_words_with_the_full_codes(tmp_path):
+    """bench.sampling's BPE part on 3,000 built pairs (a few seconds): a sample of pairs and
+    the sample that --bpe-max-words 3000 chooses, each against the codes of every pair."""
+    out = tmp_path / "sampling.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.sampling", "--only", "bpe", "--sizes", "--multi30k-samples",
+                           "--bpe-sizes", "3000", "--bpe-samples", "1000", "--bpe-max-words", "3000",
+                           "--merges", "300", "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "<= 3,000 words" in proc.stdout and "1,000 pairs" in proc.stdout
+    result = json.loads(out.read_text())["bpe"]["3000"]
+    bounded = result["max_words"]["3000"]
+    assert result["words"] > 3000 >= bounded["words_learned"] > 2700
+    assert 0 < bounded["same_lines"] < 1 and 0 < result["samples"]["1000"]["same_lines"] < 1
+
