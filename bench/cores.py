@@ -5,8 +5,9 @@
 ``bench.scaling`` extrapolates each stage from the cores at hand to 32 by Amdahl's law, with
 the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
 On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
-runs them, once per ``--workers`` count, alone on the machine: tokenize, clean, learn BPE,
-apply BPE and binarize, and with ``--align`` the alignment dictionary. For each stage and
+runs them, once per ``--workers`` count (the most first), alone on the machine: tokenize,
+clean, learn BPE, apply BPE and binarize, and with ``--align`` the alignment dictionary.
+``--json`` is rewritten as each stage ends, so a run stopped early keeps what it measured. For each stage and
 count it prints the wall time, the CPU time of all its processes, the peak memory of its
 process tree, the speed-up over the fewest workers, and the serial fraction ``s`` that the
 fewest and each larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``,
@@ -23,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from convs2s_preprocess.atomic import atomic_outputs
 from convs2s_recipes.corpora import data_root
 from fairseq_convs2s_ext.hardware import cpu_model
 
@@ -56,10 +58,19 @@ def main(argv=None) -> None:
         work = Path(args.workdir or temp)
         (work / "out").mkdir(parents=True, exist_ok=True)
         build_corpus(base_pairs(Path(data_root())), args.size, work / "raw")
-        runs = {}
-        for workers in counts:
-            print(f"{args.size:,} pairs, {workers} workers", file=sys.stderr, flush=True)
-            runs[workers] = ours(work / "raw", work / "out", workers, args.merges, align=args.align)
+        runs = {workers: {} for workers in counts}
+
+        def measured(workers, stage, run):
+            print(f"{workers} workers: {stage} {run['wall_s']:.1f} s, {run['peak_mib']:.0f} MiB",
+                  file=sys.stderr, flush=True)
+            runs[workers][stage] = run
+            if args.json:  # a run stopped early keeps what it measured
+                with atomic_outputs([args.json]) as (temp,):
+                    Path(temp).write_text(json.dumps({"machine": machine, "args": vars(args),
+                                                      "runs": runs}, indent=2))
+        for workers in reversed(counts):  # the most first: the figures a short lease is for
+            ours(work / "raw", work / "out", workers, args.merges, align=args.align,
+                 measured=lambda stage, run: measured(workers, stage, run))
     print(f"{machine}; {args.size:,} pairs; wall s / CPU s, peak MiB; speed-up over {counts[0]} "
           "workers; serial fraction")
     print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>34}" for n in counts))
@@ -77,9 +88,6 @@ def main(argv=None) -> None:
                 cell += f" {base['wall_s'] / run['wall_s']:.1f}x s={s:.2f}"
             cells.append(f"{cell:>34}")
         print(f"{stage:>10} " + " ".join(cells))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args),
-                                               "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -239,9 +239,11 @@ def _python(code: str) -> list:
     return [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.WARNING)\n" + code]
 
 
-def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=()) -> dict:
+def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=(),
+         measured=lambda stage, result: None) -> dict:
     """Each stage of convs2s-prepare (as its functions run it) and convs2s-align-dict, but
-    those in ``skip`` (whose outputs an earlier run in ``work`` left)."""
+    those in ``skip`` (whose outputs an earlier run in ``work`` left); ``measured(stage,
+    result)`` is called as each stage ends."""
     tok, clean, bpe, bindir = work / "tok", work / "clean", work / "bpe", work / "bin"
     sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
     stages = {
@@ -267,9 +269,13 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=())
         if "align dict" not in skip:  # else an earlier run's dictionary of the same text is kept
             for path in (work / "align.dict", Path(record_path([str(work / "align.dict")]))):
                 path.unlink(missing_ok=True)
-    results = {stage: measure([(argv, None, None)]) for stage, argv in stages.items() if stage not in skip}
-    if "align dict" in results:  # the pairs fast_align's model was trained on
-        results["align dict"]["train_pairs"] = min(count_lines(sides(clean)[0]), DEFAULT_TRAIN_SAMPLE)
+    results = {}
+    for stage, argv in stages.items():
+        if stage not in skip:
+            results[stage] = measure([(argv, None, None)])
+            if stage == "align dict":  # the pairs fast_align's model was trained on
+                results[stage]["train_pairs"] = min(count_lines(sides(clean)[0]), DEFAULT_TRAIN_SAMPLE)
+            measured(stage, results[stage])
     return results
 
 

@@ -3,8 +3,11 @@ import copy
 import json
 import logging
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -198,6 +201,27 @@ def test_cores_smoke_run_times_every_stage_per_count(tmp_path):
                                                 "align dict"}
     assert all(run["peak_mib"] > 0 for run in runs["2"].values())
     assert set(measured_serial(str(out))) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
+
+
+@needs_data
+def test_cores_run_stopped_early_keeps_the_stages_it_measured(tmp_path):
+    """bench.cores writes its JSON as each stage ends, the most workers first: killed after
+    its first stage, the figures of that stage are there (a lent machine's lease can end
+    before the fewest workers' run does)."""
+    out = tmp_path / "cores.json"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cores", "--size", "2000", "--workers", "1", "2",
+                             "--merges", "100", "--json", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        while not out.exists() and proc.poll() is None:
+            time.sleep(0.02)
+        runs = json.loads(out.read_text())["runs"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert "tokenize" in runs["2"] and runs["1"] == {}
+    assert runs["2"]["tokenize"]["wall_s"] > 0
 
 
 def test_only_some_stages_measured_take_the_others_from_the_earlier_run():
