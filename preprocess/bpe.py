@@ -13,8 +13,9 @@ import logging
 import math
 import re
 from collections import Counter, defaultdict
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
+import numpy as np
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
@@ -45,6 +46,12 @@ COUNT_CHUNK_LINES = 50000
 SHARD_WORDS = 100_000
 # Distinct words per batch of segmenting them.
 SEGMENT_BATCH_WORDS = 5000
+# Lines whose words a worker looks up at once in applying BPE: their words, a Python object
+# each, are a worker's memory, a few MB.
+SEGMENT_BATCH_LINES = 1000
+# Marks (a byte each) per split word in SplitWords.marked: under 1 in 8 of the others
+# is searched for in vain.
+MARKS_PER_WORD = 8
 
 logger = logging.getLogger(__name__)
 
@@ -353,28 +360,90 @@ def _segment_words(words: list, codes_path: str) -> tuple:
     return len(words), split
 
 
-# What :func:`_segment_known` looks words up in: the segmentation of every word of the file
-# that BPE splits, keyed by word, with the codes it comes from. Set before the pool's
-# workers fork, which share it; a functools.partial holding it would be pickled with
-# every batch.
-_known = {"codes": None, "split": {}}
+# A word's key in a SplitWords table: Python's hash, which forked workers compute as their
+# parent does (a name of this module's, so that a test can make words collide).
+_hash = hash
 
 
-def _segment_known(line: str, codes_path: str) -> str:
-    """``BPE.segment(line)`` of a line whose words' segmentations are in ``_known``."""
+class SplitWords(NamedTuple):
+    """The segmentations of the words of a file that the codes split, in arrays, not Python
+    objects: forked workers that look words up in it share its pages with their parent. (A
+    dict's lookup writes the reference count of the value it returns, so that every worker
+    came to copy the pages of the segmentations it met: on 2,000,000 built pairs, 32 workers
+    held 2.4 GiB to apply BPE.) ``hashes``: the words' ``_hash``, sorted;
+    ``units[starts[k]:starts[k + 1]]``: the segmentation of the word of ``hashes[k]``;
+    ``collided``: {word: its segmentation, or itself} of the words whose hash another word
+    of the file shares (hardly ever any), which the arrays leave out. ``marked[hash &
+    (len(marked) - 1)]`` is True for every hash of the table, and for few others: most
+    words, those the codes leave whole, are known not to be split without a search."""
+    hashes: np.ndarray
+    starts: np.ndarray
+    units: str
+    collided: dict
+    marked: np.ndarray
+
+    @classmethod
+    def of(cls, split: dict, words: list) -> "SplitWords":
+        """The table of ``split`` ({word: segmentation}), for a file whose distinct words
+        are ``words``."""
+        hashes, counts = np.unique(np.fromiter(map(_hash, words), np.int64, len(words)),
+                                   return_counts=True)
+        shared = set(hashes[counts > 1].tolist())
+        collided = {word: split.get(word, word) for word in words
+                    if _hash(word) in shared} if shared else {}
+        kept = [word for word in split if word not in collided]
+        keys = np.fromiter(map(_hash, kept), np.int64, len(kept))
+        order = np.argsort(keys)
+        units = [split[kept[k]] for k in order.tolist()]
+        starts = np.zeros(len(units) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, units), np.int64, len(units)), out=starts[1:])
+        marked = np.zeros(1 << max(10, (MARKS_PER_WORD * len(keys)).bit_length()), dtype=bool)
+        marked[keys & (len(marked) - 1)] = True
+        return cls(keys[order], starts, "".join(units), collided, marked)
+
+    def segment(self, words: list) -> list:
+        """Each of ``words`` segmented (words of the file only)."""
+        hashes = np.fromiter(map(_hash, words), np.int64, len(words))
+        if self.collided:
+            words = [self.collided.get(word, word) for word in words]
+        marked = np.flatnonzero(self.marked[hashes & (len(self.marked) - 1)])
+        if len(marked):
+            at = np.searchsorted(self.hashes, hashes[marked])
+            found = at < len(self.hashes)
+            found[found] = self.hashes[at[found]] == hashes[marked[found]]
+            at = at[found]
+            for k, first, last in zip(marked[found].tolist(), self.starts[at].tolist(),
+                                      self.starts[at + 1].tolist()):
+                words[k] = self.units[first:last]
+        return words
+
+
+# What :func:`_segment_known` looks words up in: the SplitWords of the file, with the codes
+# it comes from. Set before the pool's workers fork, which share it; a functools.partial
+# holding it would be pickled with every chunk.
+_known = {"codes": None, "split": None}
+
+
+def _segment_known(lines: list, codes_path: str) -> list:
+    """``BPE.segment(line)`` of each of ``lines``, whose words are in ``_known``."""
     if _known["codes"] != codes_path:
         raise RuntimeError(f"no segmentations of words with {codes_path} in this process")
-    words = _words(line)
-    if "" in words:  # two spaces in a row, or an empty line: subword-nmt skips the empty words
-        words = [word for word in words if word]
-    split = _known["split"]
-    return " ".join(map(split.get, words, words))
+    # two spaces in a row, or an empty line: subword-nmt skips the empty words
+    lines_words = ([word for word in words if word] if "" in words else words
+                   for words in map(_words, lines))
+    segmented = []
+    for batch in batched(lines_words, SEGMENT_BATCH_LINES):
+        units, start = _known["split"].segment(list(itertools.chain.from_iterable(batch))), 0
+        for words in batch:
+            segmented.append(" ".join(units[start:start + len(words)]))
+            start += len(words)
+    return segmented
 
 
-def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> dict:
-    """{word: its segmentation} for every word of ``in_path`` that the codes split (the
-    others are segmented as themselves). The words are collected and segmented in
-    ``workers`` processes, each distinct word once."""
+def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> SplitWords:
+    """The segmentation of every word of ``in_path`` that the codes split (the others are
+    segmented as themselves). The words are collected and segmented in ``workers``
+    processes, each distinct word once."""
     (total,), chunks = line_chunks([in_path], COUNT_CHUNK_LINES)
     progress = Progress(f"find the words of {in_path}", total, unit="lines")
     words = set()
@@ -392,7 +461,7 @@ def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> d
         split.update(batch_split)
         progress.update(done)
     progress.finish()
-    return split
+    return SplitWords.of(split, words)
 
 
 def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 1) -> int:
@@ -406,23 +475,26 @@ def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 
     The output is ``BPE.segment(line)``'s, byte for byte: a line's leading and trailing
     spaces are dropped (subword-nmt's ``apply-bpe`` command keeps them).
 
-    Memory: the table holds every distinct word that the codes split, with its
-    segmentation: about 160 bytes a word (6.6 MB for the 40,603 of 54,054 distinct words
-    of 100,000 German lines that 40,000 merges split), so a few hundred MB to about a GB for
-    a side of a few million distinct words (WMT scale); collecting the distinct words holds
-    them all once more for a while (about 100 bytes a word). The workers share the table
-    with this process as forked pages, which they copy as they touch them; it is freed
-    when the file is done. A rerun that resumes from finished shards segments the words of
-    the whole file again, then maps only the lines of the unfinished shards.
+    Memory: collecting and segmenting the distinct words holds each once in this process
+    for a while (a few hundred bytes a word); then the table of those the codes split
+    (:class:`SplitWords`) holds about 40 bytes for each and its segmentation's characters,
+    and a byte per word to find that the others are not split, in arrays that the workers
+    share with this process as forked pages, which no lookup writes: a worker's own memory
+    is its chunk's lines, not the table. On 2,000,000 built German lines (466,002 distinct
+    words, 452,573 split) 8 workers peaked at 459 MiB, 2 at 309 (a dict of the
+    segmentations, which every worker copied as it looked words up: 830 and 354) (AMD
+    EPYC, 2 cores). A rerun that resumes from finished shards segments the words of the
+    whole file again, then maps only the lines of the unfinished shards.
     """
     _load_codes.cache_clear()  # codes_path may have been learned again since it was read
     try:
         split = segment_distinct_words(codes_path, in_path, workers)
         _known.update(codes=codes_path, split=split)
         fn = functools.partial(_segment_known, codes_path=codes_path)
-        return map_file(fn, in_path, out_path, workers, stage=f"apply BPE to {in_path}")
+        return map_file(fn, in_path, out_path, workers, stage=f"apply BPE to {in_path}",
+                        chunked=True)
     finally:
-        _known.update(codes=None, split={})
+        _known.update(codes=None, split=None)
         _load_codes.cache_clear()
 
 

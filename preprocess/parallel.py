@@ -204,18 +204,23 @@ def _chunk_task(task: tuple) -> object:
     return fn(chunk, parts)
 
 
-def _map_chunk(fn: Callable[[str], str], in_path: str, chunk: LineChunk, parts: List[str]) -> int:
-    """``fn(line)`` for the lines of ``chunk`` of ``in_path``, written to ``parts[0]``; the
+def _each(fn: Callable[[str], str], lines: List[str]) -> List[str]:
+    return list(map(fn, lines))
+
+
+def _map_chunk(fn: Callable[[List[str]], List[str]], in_path: str, chunk: LineChunk,
+               parts: List[str]) -> int:
+    """``fn(lines)`` of the lines of ``chunk`` of ``in_path``, written to ``parts[0]``; the
     number of lines read."""
-    lines = 0
+    lines = [decode_line(raw, in_path, number)
+             for number, raw in enumerate(read_chunk(in_path, chunk, 0), chunk.first)]
     with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
-        for lines, raw in enumerate(read_chunk(in_path, chunk, 0), 1):
-            out.write(fn(decode_line(raw, in_path, chunk.first + lines - 1)) + "\n")
-    return lines
+        out.writelines(line + "\n" for line in fn(lines))
+    return len(lines)
 
 
-def _map_chunks(fn: Callable[[str], str], in_path: str, chunks: List[LineChunk], out: BinaryIO,
-                folder: str, workers: int, progress: Progress) -> None:
+def _map_chunks(fn: Callable[[List[str]], List[str]], in_path: str, chunks: List[LineChunk],
+                out: BinaryIO, folder: str, workers: int, progress: Progress) -> None:
     task = functools.partial(_map_chunk, fn, in_path)
     for chunk, lines in map_chunks_into(task, chunks, [out], folder, workers):
         if lines < chunk.lines:
@@ -242,22 +247,24 @@ def parts_folder(path: str) -> str:
     return os.path.join(directory, f".{name}.parts")
 
 
-def map_file(fn: Callable[[str], str], in_path: str, out_path: str, workers: int = 1,
-             stage: Optional[str] = None) -> int:
+def map_file(fn: Callable, in_path: str, out_path: str, workers: int = 1,
+             stage: Optional[str] = None, chunked: bool = False) -> int:
     """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order, ``fn``
     applied in ``workers`` processes that each read, map and write chunks of the file
-    (:func:`map_chunks_into`); return the number of lines. Logs ``stage``'s progress in
-    lines. Where ``out_path`` is an output of a running step, in shards that a rerun reuses
-    (see the module's documentation)."""
+    (:func:`map_chunks_into`); return the number of lines. ``chunked``: ``fn`` maps a
+    chunk's lines (a list of :data:`MAP_CHUNK_LINES` or fewer) to theirs at once. Logs
+    ``stage``'s progress in lines. Where ``out_path`` is an output of a running step, in
+    shards that a rerun reuses (see the module's documentation)."""
     total = count_lines(in_path)
     progress = Progress(stage or f"{os.path.basename(in_path)} -> {out_path}", total, unit="lines")
     step = running_step(out_path)
+    chunk_fn = fn if chunked else functools.partial(_each, fn)
     if step is not None:
-        _map_file_in_shards(fn, in_path, out_path, workers, progress, step)
+        _map_file_in_shards(chunk_fn, describe(fn), in_path, out_path, workers, progress, step)
     else:
         (chunks,) = _chunks_of(in_path, total, [(0, total)])
         with open(out_path, "wb") as out:
-            _map_chunks(fn, in_path, chunks, out, parts_folder(out_path), workers, progress)
+            _map_chunks(chunk_fn, in_path, chunks, out, parts_folder(out_path), workers, progress)
     progress.finish()
     return progress.done
 
@@ -316,15 +323,15 @@ def _changed(path: str, total: int) -> PreprocessError:
                            "make sure nothing writes it, and run the command again")
 
 
-def _map_file_in_shards(fn: Callable[[str], str], in_path: str, out_path: str, workers: int,
-                        progress: Progress, step: StepOutput) -> None:
+def _map_file_in_shards(fn: Callable[[List[str]], List[str]], function: str, in_path: str,
+                        out_path: str, workers: int, progress: Progress, step: StepOutput) -> None:
     size, total = shard_lines(), progress.total
     sizes = [min(size, total - start) for start in range(0, total, size)]
     folder = shard_folder(step.path)
     sha256 = step.inputs.get(os.path.abspath(in_path)) or \
         fingerprint(in_path)["files"]["."]["sha256"]
     derived_from = json.loads(json.dumps({
-        "format": SHARDS_FORMAT, "input": sha256, "function": describe(fn),
+        "format": SHARDS_FORMAT, "input": sha256, "function": function,
         "shard_lines": size, **step.derived_from}))
     finished = _finished_shards(folder, derived_from, sizes, progress.stage)
     if finished:

@@ -66,6 +66,20 @@ def test_apply_bpe_file_is_subword_nmts_segment_of_every_line(corpus, tmp_path, 
     assert got.count(b"@@ ") > LINES  # the codes split words: the table is used
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_words_whose_hashes_collide_are_segmented_all_the_same(corpus, tmp_path, monkeypatch, workers):
+    """The table that the workers share finds a word by its hash: with a hash that makes
+    most words collide (their length), split words with split or whole ones, every line is
+    still subword-nmt's. Python's own hash makes such words rare, not impossible."""
+    text, codes, expected = corpus
+    monkeypatch.setattr(bpe, "_hash", len)
+    out = tmp_path / "out"
+
+    apply_bpe_file(str(codes), str(text), str(out), workers)
+
+    assert out.read_bytes().split(b"\n") == expected.split(b"\n")
+
+
 @pytest.mark.parametrize("lines, merges, workers", [(2000, 3000, 1), (2000, 3000, 2), (2000, 3000, 3),
                                                     (300, 100000, 1), (300, 100000, 2)])
 def test_learned_codes_are_subword_nmts(tmp_path, monkeypatch, lines, merges, workers):
