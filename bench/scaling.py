@@ -20,7 +20,8 @@ extrapolation to 4.5M (WMT14 en-de) and 36M (WMT14 en-fr) pairs on 2 and 32 core
   (wall = cpu * (s + (1 - s) / N), Amdahl's law), or, when N = 1, taken from
   :data:`SERIAL` (measured on 1 and 2 workers), and its time on c cores is
   cpu * (s + (1 - s) / c): ideal scaling of the parallel part, an optimistic bound
-  (``--serial`` takes our stages' s from bench.cores' runs on many cores instead);
+  (``--serial`` takes our stages' s from bench.cores' runs on many cores instead, the
+  alignment's parts too);
 - peak memory is fitted in the same way (b between 0 and 1.5; one size: as measured): a
   rough guide only;
 - our alignment dictionary apart: fast_align's model is trained on at most
@@ -369,15 +370,24 @@ def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
 
 def measured_serial(path: str) -> dict:
     """{stage: serial fraction} of our stages by bench.cores (its JSON): Amdahl's law read
-    from the wall times of its fewest and most workers. Not the alignment dictionary's: its
-    training's and the rest's are read apart (:func:`extrapolate`)."""
+    from the wall times of its fewest and most workers; the alignment dictionary's in two
+    parts, its training and the rest (as :func:`extrapolate` takes them), each read from the
+    wall and CPU time of its run on the most workers."""
     from .cores import STAGES as SCALED, serial_from_walls
     runs = json.loads(Path(path).read_text())["runs"]
     counts = sorted(runs, key=int)
     few, many = counts[0], counts[-1]
-    return {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
-                                                       int(many), runs[many][stage]["wall_s"])))
-            for stage in SCALED if stage in runs[few] and stage in runs[many]}
+    serial = {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
+                                                         int(many), runs[many][stage]["wall_s"])))
+              for stage in SCALED if stage in runs[few] and stage in runs[many]}
+    align = runs[many].get("align dict", {})
+    if align.get("train_cpu_s") is not None:
+        serial["align dict training"] = serial_fraction(
+            "align dict training", align["train_s"], align["train_cpu_s"], int(many))
+        serial["align dict less training"] = serial_fraction(
+            "align dict less training", align["wall_s"] - align["train_s"],
+            align["cpu_s"] - align["train_cpu_s"], int(many))
+    return serial
 
 
 def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = None) -> dict:
@@ -412,6 +422,8 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
                     train_cpu = [t / (st + (1 - st) / runs[n]["workers"]) for t, n in zip(train, ns)]
                 else:
                     st = serial_fraction("align dict training", train[-1], train_cpu[-1], workers)
+                if serial and "align dict training" in serial:
+                    st = serial["align dict training"]
                 train = train_cpu
                 cpu = [max(c - t, 1e-3) for c, t in zip(cpu, train)]
                 # the pairs each run trained on: its corpus', up to the sample size of its time
@@ -420,9 +432,10 @@ def extrapolate(runs: dict, fixed: dict, workers: int, serial: Optional[dict] = 
             a, b = _fit([int(n) for n in ns], cpu, *((1.0, 1.0) if capped else (0.5, 2.0)))
             ma, mb = _fit(trained_on if capped else [int(n) for n in ns],
                           [runs[n][pipeline][stage]["peak_mib"] for n in ns], 0.0, 1.5)
-            s = serial_fraction("align dict less training" if capped else stage, wall[-1], cpu[-1], workers)
-            if serial and pipeline == "ours" and stage in serial:
-                s = serial[stage]
+            name = "align dict less training" if capped else stage
+            s = serial_fraction(name, wall[-1], cpu[-1], workers)
+            if serial and pipeline == "ours" and name in serial:
+                s = serial[name]
             for pairs, cores in TARGETS:
                 trained = min(pairs, DEFAULT_TRAIN_SAMPLE) if capped else pairs
                 seconds = base["wall_s"] + a * pairs ** b * (s + (1 - s) / cores) \

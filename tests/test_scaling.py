@@ -126,6 +126,13 @@ def test_alignment_extrapolates_its_training_capped_and_the_rest_in_proportion()
     assert cells["36000000x32"]["hours"] == pytest.approx(
         (1 + 1000 / 0.65 * (0.3 + 0.7 / 32) + 300 * (36_000_000 / cap) / 32) / 3600, rel=1e-6)
 
+    # both parts' serial fractions measured on many cores (bench.cores) replace those read on 2
+    serial = {"align dict training": 0.05, "align dict less training": 0.1}
+    cells = extrapolate(logged, fixed, workers=2, serial=serial)["ours"]["align dict"]
+    assert cells["36000000x32"]["hours"] == pytest.approx(
+        (1 + 1000 / 0.65 * (0.05 + 0.95 / 32) + 300 * (36_000_000 / cap) * (0.1 + 0.9 / 32)) / 3600,
+        rel=1e-6)
+
     # a larger run that trained on a smaller sample (an earlier cap), at the same power of its
     # pairs: fitted by the pairs it trained on, the prediction stays (not by its corpus' pairs)
     train = 1000 * 0.5 ** (math.log(10) / math.log(5))
@@ -184,11 +191,25 @@ def test_serial_fraction_reads_amdahls_law_back():
         assert serial_from_walls(2, wall(2), 16, wall(16)) == pytest.approx(s)
 
 
+def test_serial_fractions_from_many_cores_the_alignments_from_its_own_times(tmp_path):
+    """bench.scaling --serial: a stage's serial fraction from bench.cores' fewest and most
+    workers; the alignment dictionary's, measured on the most only, from that run's wall
+    and CPU time, its training's and the rest's apart."""
+    align = {**_stage(100.0, 1000.0), "train_s": 60.0, "train_cpu_s": 780.0}
+    path = tmp_path / "cores.json"
+    path.write_text(json.dumps({"runs": {"2": {"tokenize": _stage(20.0, 40.0)},
+                                         "16": {"tokenize": _stage(5.0, 60.0), "align dict": align}}}))
+    serial = measured_serial(str(path))
+    assert serial["tokenize"] == pytest.approx(serial_from_walls(2, 20.0, 16, 5.0))
+    assert serial["align dict training"] == pytest.approx((60 / 780 - 1 / 16) / (1 - 1 / 16))
+    assert serial["align dict less training"] == pytest.approx((40 / 220 - 1 / 16) / (1 - 1 / 16))
+
+
 @needs_data
 def test_cores_smoke_run_times_every_stage_per_count(tmp_path):
     """bench.cores on 2,000 pairs with 1 and 2 workers, the alignment dictionary too (about
     half a minute on 2 cores): every stage's times and peak memory per count; the serial
-    fractions it gives bench.scaling are not the alignment's, whose parts are read apart."""
+    fractions it gives bench.scaling, the alignment's in its two parts."""
     out = tmp_path / "cores.json"
     proc = subprocess.run([sys.executable, "-m", "bench.cores", "--size", "2000", "--workers", "1", "2",
                            "--merges", "100", "--align", "--json", str(out)],
@@ -200,7 +221,8 @@ def test_cores_smoke_run_times_every_stage_per_count(tmp_path):
     assert set(runs["1"]) == set(runs["2"]) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize",
                                                 "align dict"}
     assert all(run["peak_mib"] > 0 for run in runs["2"].values())
-    assert set(measured_serial(str(out))) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize"}
+    assert set(measured_serial(str(out))) == {"tokenize", "clean", "learn BPE", "apply BPE", "binarize",
+                                              "align dict training", "align dict less training"}
 
 
 @needs_data
