@@ -4,16 +4,16 @@
 
 ``bench.scaling`` extrapolates each stage from the cores at hand to 32 by Amdahl's law, with
 the parallel part scaling ideally: an optimistic bound. This measures the scaling instead.
-On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling``
-runs them, once per ``--workers`` count (the most first), alone on the machine: tokenize,
-clean, learn BPE, apply BPE and binarize, and with ``--align`` the alignment dictionary.
-``--json`` is rewritten as each stage ends, so a run stopped early keeps what it measured. For each stage and
-count it prints the wall time, the CPU time of all its processes, the peak memory of its
-process tree, the speed-up over the fewest workers, and the serial fraction ``s`` that the
-fewest and each larger count give by Amdahl's law (``wall = T1 * (s + (1 - s) / N)``,
-solved from the two wall times): the share of the stage that more cores do not shorten
-(process start, the import of fairseq, this process's reading and writing). Run it on a
-machine with many cores, alone; a smoke run:
+On one corpus built as ``bench.scaling`` builds it, our stages run as ``bench.scaling`` runs
+them, once per ``--workers`` count (the most first), alone on the machine: tokenize, clean,
+learn BPE, apply BPE and binarize, and with ``--align`` the alignment dictionary. ``--json``
+is rewritten as each stage ends, so a run stopped early keeps what it measured. For each
+stage and count it prints the wall time, the CPU time of all its processes, the peak memory
+of its process tree, the speed-up over the fewest workers, and the serial fraction ``s``
+that the fewest and each larger count give by Amdahl's law
+(``wall = T1 * (s + (1 - s) / N)``, solved from the two wall times): the share of the stage
+that more cores do not shorten (process start, the import of fairseq, this process's
+reading and writing). Run it on a machine with many cores, alone; a smoke run:
 ``python -m bench.cores --size 20000 --workers 1 2 --merges 500``. Counts above the
 machine's cores still give each stage's memory for that many workers, not its times.
 """
