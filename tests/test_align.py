@@ -414,18 +414,33 @@ def test_links_are_the_same_for_any_number_of_workers(subset_run):
     assert _builtin_links(corpus, "--workers", "3") == links
 
 
+def _links_aligned_here(corpus: Path, workers: int) -> list:
+    """fastalign.align (-d -o -v) in this process, so that a test can change its bounds."""
+    out = io.BytesIO()
+    try:
+        fastalign.align(str(corpus), fastalign.Settings(True, True, True), out, workers=workers)
+    finally:
+        gc.unfreeze()
+    return out.getvalue().decode("utf-8").splitlines()
+
+
 @needs_reference
 def test_workers_reading_chunks_of_the_corpus_write_the_links_of_one_process(subset_run, monkeypatch):
     """Each worker reads its chunk of the corpus and writes its links to a part file, which
     are joined in order: chunks of 7 pairs in 3 workers, against one chunk in one process."""
     _, corpus, links = subset_run
     monkeypatch.setattr(fastalign, "DECODE_CHUNK_LINES", 7)
-    out = io.BytesIO()
-    try:
-        fastalign.align(str(corpus), fastalign.Settings(True, True, True), out, workers=3)
-    finally:
-        gc.unfreeze()
-    assert out.getvalue().decode("utf-8").splitlines() == links
+    assert _links_aligned_here(corpus, workers=3) == links
+
+
+@needs_reference
+def test_links_do_not_depend_on_how_many_scores_are_decoded_at_once(subset_run, monkeypatch):
+    """A worker decodes at most DECODE_SCORES scores at a time, which bounds its memory: at
+    500 (a batch of a pair or two, and pairs larger than the bound alone) every link is the
+    one the default bound gives."""
+    _, corpus, links = subset_run
+    monkeypatch.setattr(fastalign, "DECODE_SCORES", 500)
+    assert _links_aligned_here(corpus, workers=2) == links
 
 
 @needs_reference
