@@ -1,0 +1,64 @@
+"""The progress lines' estimate of the time left, on stages with known timings."""
+import math
+import re
+import time
+
+import pytest
+
+from convs2s_preprocess.progress import Progress
+
+
+class Clock:
+    """time.monotonic, moved by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    return clock
+
+
+def _run(clock, progress, seconds_at, work_done, step):
+    """Update ``progress`` ``step`` at a time until this run has done ``work_done``, the clock
+    at ``seconds_at(work)`` after the start; return the time left its line says then, in seconds."""
+    start = clock.now
+    for work in range(step, work_done + 1, step):
+        clock.now = start + seconds_at(work)
+        progress.update(step)
+    hours, minutes, seconds = re.search(r"about (\d+):(\d\d):(\d\d) left", progress.report()).groups()
+    return 3600 * int(hours) + 60 * int(minutes) + int(seconds)
+
+
+def test_a_steady_stage_is_estimated_at_its_rate(clock):
+    """The fitted power is 1: the time left is the work left at the rate so far."""
+    progress = Progress("steady", 10_000, unit="lines", interval=10)
+    left = _run(clock, progress, lambda work: work / 50, 3_000, 100)
+    assert left == 7_000 / 50
+
+
+def test_a_stage_that_speeds_up_is_not_estimated_at_its_early_rate(clock):
+    """Learning BPE's merges get faster as the pairs get rarer: its time grows about as the
+    logarithm of the merges made (as on 36M pairs). At 3% of the merges the rate so far puts
+    the end some 40 times too late; the fit on the second half of the work is within 3x."""
+    merges, seconds_at = 40_000, lambda merge: 100 * math.log(1 + merge / 10)
+    progress = Progress("learn BPE", merges, unit="merges", interval=10)
+    left = _run(clock, progress, seconds_at, 1_200, 1)
+    truth = seconds_at(merges) - seconds_at(1_200)
+    at_the_rate = (merges - 1_200) * seconds_at(1_200) / 1_200
+    assert at_the_rate > 40 * truth
+    assert truth < left < 3 * truth
+
+
+def test_work_of_an_earlier_run_is_left_out_of_the_fit(clock):
+    """Shards an interrupted run finished count as done, not as work of this run's rate."""
+    progress = Progress("tokenize", 10_000, unit="lines", interval=10)
+    progress.resume(4_000)
+    left = _run(clock, progress, lambda work: work / 50, 3_000, 100)
+    assert left == 3_000 / 50
