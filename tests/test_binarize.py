@@ -2,12 +2,14 @@
 whitespace that is not a space, empty lines, CRLF, words spelled like special symbols."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
+from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.tasks.translation import TranslationTask
 
-from convs2s_preprocess.binarize import LOG_FILE, binarize
+from convs2s_preprocess.binarize import LOG_FILE, binarize, write_index
 from convs2s_preprocess.errors import PreprocessError
 
 # Every kind of whitespace str.split and fairseq's tokenize_line know, and none that ends a line
@@ -71,3 +73,18 @@ def test_a_srcdict_that_is_not_a_dictionary_is_one_line_naming_it(tmp_path: Path
                  srcdict=str(srcdict))
     message = str(error.value)
     assert message.startswith(f"--srcdict {srcdict}: not a fairseq dictionary (") and "\n" not in message
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_the_index_is_fairseqs_written_a_chunk_at_a_time(tmp_path: Path, dtype):
+    """write_index writes what fairseq's Index.writer writes for the same lengths, chunk after
+    chunk, with byte offsets past 2 GiB and 4 GiB (int64, where int32 sums would wrap), an
+    empty chunk among them; and fairseq reads it back."""
+    chunks = [np.array([3, 2**30, 7], dtype=np.int32), np.array([], dtype=np.int32),
+              np.array([2**30, 1, 2**30 - 1, 4], dtype=np.int32)]
+    with MMapIndexedDataset.Index.writer(tmp_path / "fairseq.idx", dtype) as index:
+        index.write(np.concatenate(chunks).tolist())
+    write_index(str(tmp_path / "ours.idx"), dtype, chunks)
+    assert (tmp_path / "ours.idx").read_bytes() == (tmp_path / "fairseq.idx").read_bytes()
+    pointer, size = MMapIndexedDataset.Index(str(tmp_path / "ours.idx"))[6]
+    assert (pointer, size) == ((3 * 2**30 + 10) * np.dtype(dtype).itemsize, 4) and pointer > 2**32
