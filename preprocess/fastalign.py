@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 # it computes at once: some 25 MB of arrays. A worker's memory follows this bound (measured
 # on 300,000 built pairs, 8 workers: 142 MiB a worker at 1,000,000 scores, 72 at 250,000, 58
 # at 100,000), its speed does not (10,200 pairs/s on 2 workers at 250,000, 9,500 at
-# 1,000,000, a table of 19M entries: fewer keys to sort outweigh a sparser walk of it).
+# 1,000,000, with a table of 19M entries).
 DECODE_CHUNK_LINES = 20_000
 DECODE_SCORES = 250_000
 # fast_align's t(f|e) for a pair its table lacks (ttables.h), used when the model was

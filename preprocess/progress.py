@@ -69,6 +69,8 @@ class Progress:
         """The seconds left at ``elapsed`` seconds, by the power of the work done that takes
         the time from the last line logged at half the work done or less to now (before such a
         line, at the rate so far); None where nothing is known or left."""
+        if not self.total:
+            return None
         work, left = self.done - self.resumed, self.total - self.done
         if work <= 0 or left <= 0:
             return None
@@ -89,7 +91,7 @@ class Progress:
         else:
             text += f" {self.unit}"
         text += f", {rate:,.0f} {self.unit}/s"
-        left = self.seconds_left(elapsed) if self.total else None
+        left = self.seconds_left(elapsed)
         if left is not None:
             text += f", about {_duration(left)} left"
         return text
