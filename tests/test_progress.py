@@ -62,3 +62,12 @@ def test_work_of_an_earlier_run_is_left_out_of_the_fit(clock):
     progress.resume(4_000)
     left = _run(clock, progress, lambda work: work / 50, 3_000, 100)
     assert left == 3_000 / 50
+
+
+def test_a_stage_that_slows_down_is_estimated_at_its_rate(clock):
+    """A quick first step, then a long one (learning BPE's first merges on a tiny corpus with
+    a line per update): the fit's power would be 13, its estimate past what a line can show
+    (an OverflowError ended convs2s-prepare); it is held at the rate's."""
+    progress = Progress("learn BPE", 1_000, unit="merges", interval=0)
+    left = _run(clock, progress, lambda merge: 0.001 if merge == 1 else 10.0, 2, 1)
+    assert left == 998 * 10.0 / 2
