@@ -13,10 +13,11 @@ readable line per report (a progress bar's redraws would be one line of thousand
 The time left supposes that the time taken grows as a power of the work done, fitted on
 the second half of what is done so far (:meth:`Progress.seconds_left`): for a stage that runs
 at a steady rate, the power is 1 and the estimate the rate's; for one that speeds up, it is
-smaller; for one that slows down it is held at 1 (the rate's estimate: a pause after a
-quick start would otherwise put the end ages away). Learning BPE is such a stage (its first merges touch millions of words, its last a
-few): on 36,000,000 built pairs, at 3% of its 40,000 merges, the rate so far said 4 h 26 min
-left, the fit 14 min, and 5.4 were left (at 9%: 1 h 45 min, 5.3 min and 3.6).
+smaller. Learning BPE speeds up (its first merges touch millions of words, its last a few):
+on 36,000,000 built pairs, at 3% of its 40,000 merges, the rate so far said 4 h 26 min
+left, the fit 14 min, and 5.4 were left (at 9%: 1 h 45 min, 5.3 min and 3.6). For a stage
+that slows down the power is held at 1, the rate's estimate (a pause after a quick start
+would otherwise put the end ages away).
 
 :func:`watching` follows the progress that other code writes to a file of its own.
 """
