@@ -14,6 +14,7 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.fastalign`   fast_align's forward alignment, without its binary
 - :mod:`.fastalign_em` fast_align's model, trained on every core, the same for any number
 - :mod:`.parallel`    line-by-line stages on every core, in order, in bounded memory
+- :mod:`.shards`      the finished parts of a step's output that a rerun after a kill reuses
 - :mod:`.progress`    a long stage's progress as log lines: rate and time left
 - :mod:`.processes`   child processes that stop with the command that started them
 - :mod:`.postprocess` ``convs2s-postprocess``: remove BPE and detokenize translations

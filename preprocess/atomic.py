@@ -33,12 +33,12 @@ its recorded sha256. Any write changes the ctime, which no tool can set back. A 
 changed less than ``RECENT_SECONDS`` before it was hashed gets no such entry: a second
 write within the same filesystem timestamp tick could leave all four equal.
 
-Shards: a line-by-line stage inside a step (:func:`preprocess.parallel.map_file`) writes
-its output in shards that a rerun can reuse, in ``.NAME.shards/`` beside the output NAME;
-:func:`running_step` tells it which step writes which output, and what the step was built
-from, which its shards' manifest names. The folders are kept while the step runs (a step
-killed in its second file's stage resumes its first file from them) and removed once the
-step's outputs are in place, or when a rerun finds the step current.
+Shards: a stage inside a step (:func:`preprocess.parallel.map_file`, binarizing) writes its
+output in shards that a rerun can reuse (:mod:`preprocess.shards`), in ``.NAME.shards/``
+beside the output NAME; :func:`running_step` tells it which step writes which output, and
+what the step was built from, which its shards' manifest names. The folders are kept while
+the step runs (a step killed in its second file's stage resumes its first file from them)
+and removed once the step's outputs are in place, or when a rerun finds the step current.
 
 Not detected: a change in this project's own code; delete an output to rebuild it.
 """
@@ -87,6 +87,10 @@ class StepOutput(NamedTuple):
     path: str  # its final name
     derived_from: dict  # the step's name, options and inputs' sha256: what changes it
     inputs: dict  # {absolute path: sha256} of the step's inputs
+
+    def sha256(self, path: str) -> str:
+        """The sha256 of a file's bytes: as recorded if it is one of the step's inputs."""
+        return self.inputs.get(os.path.abspath(path)) or fingerprint(path)["files"]["."]["sha256"]
 
 
 _RUNNING = contextvars.ContextVar("running_step", default=None)

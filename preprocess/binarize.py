@@ -35,44 +35,53 @@ lines at a time (:func:`write_index`): fairseq's writer takes the lengths as a l
 builds a Python list of every line's offset, some 40 bytes a line, which made binarizing
 36,000,000 built pairs peak at 2.6 GiB; here a line costs the 4 bytes of its length.
 
-Not resumable: an interrupted binarization starts over, unlike tokenizing and applying BPE
-(:mod:`.parallel`'s shards). Every chunk's ids depend on the dictionary, which a full
-counting pass over the training text builds at the start of the step, so a resumed run would
-count every word again before reusing anything unless the dictionary were kept too.
+Resumable in a step (:func:`.atomic.run_step`, as ``convs2s-prepare`` runs it): the
+dictionaries and each file's ids are kept in shards (:mod:`.shards`) in the step's
+``.NAME.shards/`` folder, where a rerun after a kill finds them: ``dict.LANG.txt`` once the
+words are counted, and ``SPLIT.LANG/`` with a shard of the ids and the lines' lengths per
+:func:`.shards.shard_lines` lines of the text. A rerun derived from the same inputs and
+options loads the dictionaries instead of counting again, binarizes the shards not yet
+finished, and puts the files together from the shards.
 """
+import contextlib
+import itertools
 import logging
 import os
-import shutil
 import struct
 from collections import Counter, deque
-from typing import Iterator, List, Optional
+from operator import itemgetter
+from typing import BinaryIO, Iterator, List, Optional
 
+from .atomic import atomic_outputs, running_step, shard_folder
 from .errors import PreprocessError
-from .parallel import map_batches
+from .parallel import changed_while_read, line_starts, map_batches
 from .progress import Progress
+from .shards import Shards, shard_lines
 from .textio import count_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
 # Chunks per worker: several, so that progress is reported while a split is binarized.
 CHUNKS_PER_WORKER = 4
-# Bytes of text split and encoded at a time.
+# Bytes of text split and encoded at a time, and copied at a time.
 BLOCK_BYTES = 1 << 20
 LOG_FILE = "preprocess.log"
 
 
-def _chunks(path: str, workers: int, per_worker: int = CHUNKS_PER_WORKER) -> List[tuple]:
-    """Consecutive (start, end) byte ranges of ``path`` that hold whole lines: the whole file
-    for one worker, else ``per_worker`` per worker."""
+def _chunks(path: str, workers: int, per_worker: int = CHUNKS_PER_WORKER, start: int = 0,
+            end: Optional[int] = None) -> List[tuple]:
+    """Consecutive (start, end) byte ranges that hold whole lines of bytes ``start..end`` of
+    ``path`` (where lines begin and end; by default the whole file): the whole range for one
+    worker, else ``per_worker`` per worker."""
     parts = workers * per_worker if workers > 1 else 1
-    size = os.path.getsize(path)
-    offsets = [0]
+    end = os.path.getsize(path) if end is None else end
+    offsets = [start]
     with open(path, "rb") as f:
         for part in range(1, parts):
-            f.seek(size * part // parts)
+            f.seek(start + (end - start) * part // parts)
             f.readline()
             offsets.append(f.tell())
-    offsets.append(size)
+    offsets.append(end)
     return list(zip(offsets, offsets[1:]))
 
 
@@ -124,18 +133,18 @@ def build_dictionary(paths: list, nwords: int, workers: int):
 _vocabulary = {"dictionary": None}
 
 
-def _binarize_chunk(task: tuple):
+def _binarize_chunk(task: tuple) -> tuple:
     """Write the ids of a byte range's lines to ``OUT_PATH`` (a worker's job); return the
-    path, the lines' lengths (eos included) and fairseq's BinarizeSummary."""
+    path, the lines' lengths (eos included) and how many words ``<unk>`` replaced, counted
+    as fairseq's binarizer counts them."""
     import numpy as np
-    from fairseq.binarizer import BinarizeSummary
     from fairseq.data.indexed_dataset import best_fitting_int_dtype
 
     path, start, end, out_path = task
     vocab = _vocabulary["dictionary"]
     get, unk, eos = vocab.indices.get, vocab.unk_index, vocab.eos_index
     dtype = best_fitting_int_dtype(len(vocab))
-    sizes, replaced = [], Counter()
+    sizes, replaced = [], 0
     with open(out_path, "wb") as out:
         for text in _text_blocks(path, start, end):
             ids = []
@@ -145,16 +154,34 @@ def _binarize_chunk(task: tuple):
             for line in lines:
                 words = line.split()
                 line_ids = [get(word, unk) for word in words]
-                if unk in line_ids:  # counted as fairseq's binarizer counts them
-                    replaced.update(word for word, idx in zip(words, line_ids)
-                                    if idx == unk and word != vocab.unk_word)
+                if unk in line_ids:
+                    replaced += sum(idx == unk and word != vocab.unk_word
+                                    for word, idx in zip(words, line_ids))
                 line_ids.append(eos)
                 ids += line_ids
                 sizes.append(len(line_ids))
             out.write(np.array(ids, dtype=dtype).tobytes())
-    summary = BinarizeSummary(num_seq=len(sizes), replaced=replaced if sizes else None,
-                              num_tok=sum(sizes))
-    return out_path, np.array(sizes, dtype=np.int32), summary
+    return out_path, np.array(sizes, dtype=np.int32), replaced
+
+
+def _binarized(in_path: str, shards: List[List[tuple]], out_prefix: str,
+               workers: int) -> Iterator[tuple]:
+    """(shard, part file, lengths, words replaced) for every chunk of ``shards`` (lists of
+    byte ranges of ``in_path``), in order: ``workers`` processes write the ids of each chunk
+    to a part file beside ``out_prefix``, which the caller appends and removes."""
+    chunks = [(shard, start, end) for shard, ranges in enumerate(shards) for start, end in ranges]
+    tasks = [(in_path, start, end, f"{out_prefix}.pt{number}.bin")
+             for number, (_, start, end) in enumerate(chunks)]
+    with contextlib.closing(map_batches(_binarize_chunk, tasks, workers)) as results:
+        for (shard, _, _), result in zip(chunks, results):
+            yield (shard, *result)
+
+
+def _append(part: str, out: BinaryIO) -> None:
+    with open(part, "rb") as f:
+        while block := f.read(BLOCK_BYTES):
+            out.write(block)
+    os.remove(part)
 
 
 def write_index(path: str, dtype, chunk_sizes: list) -> None:
@@ -178,31 +205,112 @@ def write_index(path: str, dtype, chunk_sizes: list) -> None:
             offset = int(ends[-1]) if len(ends) else offset
 
 
-def binarize_file(vocab, in_path: str, out_prefix: str, workers: int):
-    """``OUT_PREFIX.bin``/``.idx`` from the lines of ``in_path``; fairseq's BinarizeSummary."""
+def _summary(vocab, lines: int, tokens: int, replaced: int):
+    """fairseq's BinarizeSummary of a file, for its line in the log."""
     from fairseq.binarizer import BinarizeSummary
+
+    return BinarizeSummary(num_seq=lines, num_tok=tokens,
+                           replaced=Counter({vocab.unk_word: replaced}) if lines else None)
+
+
+def binarize_file(vocab, in_path: str, out_prefix: str, workers: int,
+                  shards_in: Optional[str] = None, derived_from: Optional[dict] = None):
+    """``OUT_PREFIX.bin``/``.idx`` from the lines of ``in_path``; fairseq's BinarizeSummary.
+    With ``shards_in``, a folder, in shards there that a run derived from the same
+    ``derived_from`` (what decides the dictionary) reuses (:mod:`.shards`)."""
     from fairseq.data.indexed_dataset import (best_fitting_int_dtype, data_file_path,
                                               index_file_path)
 
-    chunks = [(in_path, start, end, data_file_path(f"{out_prefix}.pt{number}"))
-              for number, (start, end) in enumerate(_chunks(in_path, workers))]
-    progress = Progress(f"binarize {in_path}", count_lines(in_path), unit="lines")
-    sizes, total = [], BinarizeSummary()
+    stage = f"binarize {in_path}"
     _vocabulary["dictionary"] = vocab
     try:
-        with open(data_file_path(out_prefix), "wb") as out:
-            for chunk_path, chunk_sizes, summary in map_batches(_binarize_chunk, chunks, workers):
-                with open(chunk_path, "rb") as chunk:
-                    shutil.copyfileobj(chunk, out)
-                os.remove(chunk_path)
-                sizes.append(chunk_sizes)
-                total.merge(summary)
-                progress.update(summary.num_seq)
+        if shards_in is None:
+            progress = Progress(stage, count_lines(in_path), unit="lines")
+            sizes, replaced = [], 0
+            results = _binarized(in_path, [_chunks(in_path, workers)], out_prefix, workers)
+            with contextlib.closing(results), open(data_file_path(out_prefix), "wb") as out:
+                for _, part, chunk_sizes, chunk_replaced in results:
+                    _append(part, out)
+                    sizes.append(chunk_sizes)
+                    replaced += chunk_replaced
+                    progress.update(len(chunk_sizes))
+        else:
+            progress, sizes, replaced = _binarize_in_shards(in_path, out_prefix, workers, stage,
+                                                            shards_in, derived_from)
     finally:
         _vocabulary["dictionary"] = None
     write_index(index_file_path(out_prefix), best_fitting_int_dtype(len(vocab)), sizes)
     progress.finish()
-    return total
+    return _summary(vocab, progress.total, sum(int(s.sum()) for s in sizes), replaced)
+
+
+def _binarize_in_shards(in_path: str, out_prefix: str, workers: int, stage: str, folder: str,
+                        derived_from: dict) -> tuple:
+    """Binarize the shards of ``in_path`` not yet finished in ``folder``, each a shard file
+    of the ids then the lines' lengths (int32), and put the ``.bin`` together from them;
+    (the progress, every shard's lengths, the words replaced)."""
+    import numpy as np
+    from fairseq.data.indexed_dataset import data_file_path
+
+    size = shard_lines()
+    total, starts = line_starts(in_path, size)
+    lines = [min(size, total - first) for first in range(0, total, size)]
+    ends = starts[1:len(lines)] + [os.path.getsize(in_path)]
+    progress = Progress(stage, total, unit="lines")
+    shards = Shards(folder, {**derived_from, "shard_lines": size}, lines, stage)
+    progress.resume(shards.lines_done)
+    todo = shards.todo
+    chunks = [_chunks(in_path, workers, start=starts[index], end=ends[index]) for index in todo]
+    with contextlib.closing(_binarized(in_path, chunks, out_prefix, workers)) as results:
+        for index, (_, shard_chunks) in zip(todo, itertools.groupby(results, key=itemgetter(0))):
+            with shards.writing(index) as (temp, entry), open(temp, "wb") as out:
+                shard_sizes, entry["replaced"] = [], 0
+                for _, part, chunk_sizes, chunk_replaced in shard_chunks:
+                    _append(part, out)
+                    shard_sizes.append(chunk_sizes)
+                    entry["replaced"] += chunk_replaced
+                    progress.update(len(chunk_sizes))
+                shard_sizes = np.concatenate(shard_sizes)
+                if len(shard_sizes) != lines[index]:
+                    raise changed_while_read(in_path, total)
+                entry["ids_bytes"] = out.tell()
+                out.write(shard_sizes.tobytes())
+
+    sizes, replaced = [], 0
+    with open(data_file_path(out_prefix), "wb") as out:
+        for index in range(len(lines)):
+            entry = shards.entry(index)
+            with open(shards.path(index), "rb") as shard:
+                for _ in range(0, entry["ids_bytes"], BLOCK_BYTES):
+                    out.write(shard.read(min(BLOCK_BYTES, entry["ids_bytes"] - shard.tell())))
+                sizes.append(np.frombuffer(shard.read(), dtype=np.int32))
+            replaced += entry["replaced"]
+    return progress, sizes, replaced
+
+
+def _dictionaries(train: dict, srcdict: Optional[str], joined_dictionary: bool, nwords: int,
+                  workers: int) -> list:
+    """[the source dictionary, the target one] (the same one if joined) of the training
+    files ``train`` ({lang: path}, source first) or ``srcdict``."""
+    from fairseq.data import Dictionary
+
+    if not srcdict or not joined_dictionary:
+        logger.info("binarize: counting the words of %s in %d processes for the dictionary",
+                    " and ".join(train.values()), workers)
+    if not srcdict:
+        if joined_dictionary:
+            return [build_dictionary(list(train.values()), nwords, workers)] * 2
+        return [build_dictionary([path], nwords, workers) for path in train.values()]
+    try:
+        src_dict = Dictionary.load(srcdict)
+    except Exception as exc:  # fairseq's ValueError quoting the line, or a bare Exception
+        reason = " ".join(str(exc).split())
+        raise PreprocessError(f"--srcdict {srcdict}: not a fairseq dictionary ({reason}): give "
+                              "a dict.LANG.txt that fairseq-preprocess or convs2s-prepare "
+                              "wrote, one 'word count' a line") from None
+    if joined_dictionary:
+        return [src_dict, src_dict]
+    return [src_dict, build_dictionary([list(train.values())[1]], nwords, workers)]
 
 
 def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str] = None,
@@ -213,48 +321,49 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
     [--joined-dictionary] [--srcdict] [--nwordssrc/tgt NWORDS] --workers N`` writes.
 
     Input files are ``PREFIX.LANG``; ``nwords`` caps the (joined) vocabulary, for
-    word-level models (-1 keeps every word).
+    word-level models (-1 keeps every word). Where ``destdir`` is the output of a running
+    step, in shards that a rerun reuses (see the module's documentation).
     """
     from fairseq.data import Dictionary
 
+    langs = (src_lang, tgt_lang)
     prefixes = {"train": trainpref, "valid": validpref, "test": testpref}
     for prefix in filter(None, prefixes.values()):
-        for lang in (src_lang, tgt_lang):
+        for lang in langs:
             if not os.path.isfile(f"{prefix}.{lang}"):
                 raise PreprocessError(f"binarize: input file not found: {prefix}.{lang}")
     if not srcdict and not trainpref:
         raise PreprocessError("binarize: a training prefix or --srcdict is needed to build the "
                               "dictionary")
     os.makedirs(destdir, exist_ok=True)
-    train = {lang: f"{trainpref}.{lang}" for lang in (src_lang, tgt_lang)}
-    if not srcdict or not joined_dictionary:
-        logger.info("binarize: counting the words of %s in %d processes for the dictionary",
-                    " and ".join(train.values()), workers)
-    if srcdict:
-        try:
-            src_dict = Dictionary.load(srcdict)
-        except Exception as exc:  # fairseq's ValueError quoting the line, or a bare Exception
-            reason = " ".join(str(exc).split())
-            raise PreprocessError(f"--srcdict {srcdict}: not a fairseq dictionary ({reason}): give "
-                                  "a dict.LANG.txt that fairseq-preprocess or convs2s-prepare "
-                                  "wrote, one 'word count' a line") from None
-        tgt_dict = src_dict if joined_dictionary else build_dictionary(
-            [train[tgt_lang]], nwords, workers)
-    elif joined_dictionary:
-        src_dict = tgt_dict = build_dictionary(list(train.values()), nwords, workers)
+    step, folder, kept = running_step(destdir), None, [None, None]
+    if step:  # the dictionaries and shards of an interrupted run are kept in its shard folder
+        folder = Shards(shard_folder(step.path), step.derived_from, [], "binarize").folder
+        kept = [os.path.join(folder, f"dict.{lang}.txt") for lang in langs]
+    if folder and all(map(os.path.isfile, kept)):
+        logger.info("binarize: the dictionaries of the interrupted run: %s", " ".join(kept))
+        dictionaries = [Dictionary.load(path) for path in kept]
     else:
-        src_dict, tgt_dict = (build_dictionary([train[lang]], nwords, workers)
-                              for lang in (src_lang, tgt_lang))
-    src_dict.save(os.path.join(destdir, f"dict.{src_lang}.txt"))
-    tgt_dict.save(os.path.join(destdir, f"dict.{tgt_lang}.txt"))
+        dictionaries = _dictionaries({lang: f"{trainpref}.{lang}" for lang in langs}, srcdict,
+                                     joined_dictionary, nwords, workers)
+        if folder:
+            with atomic_outputs(kept) as temps:
+                for vocab, temp in zip(dictionaries, temps):
+                    vocab.save(temp)
+    for lang, vocab in zip(langs, dictionaries):
+        vocab.save(os.path.join(destdir, f"dict.{lang}.txt"))
 
     with open(os.path.join(destdir, LOG_FILE), "w", encoding="utf-8") as log:
-        for lang, vocab in ((src_lang, src_dict), (tgt_lang, tgt_dict)):
+        for lang, vocab, saved in zip(langs, dictionaries, kept):
             for split, prefix in prefixes.items():
                 if prefix:
                     in_path = f"{prefix}.{lang}"
                     out_prefix = os.path.join(destdir, f"{split}.{src_lang}-{tgt_lang}.{lang}")
-                    summary = binarize_file(vocab, in_path, out_prefix, workers)
+                    shards_in = folder and os.path.join(folder, f"{split}.{lang}")
+                    derived_from = step and {**step.derived_from, "input": step.sha256(in_path),
+                                             "dictionary": step.sha256(saved)}
+                    summary = binarize_file(vocab, in_path, out_prefix, workers, shards_in,
+                                            derived_from)
                     line = f"[{lang}] {in_path}: {summary} (by {vocab.unk_word})"
                     logger.info(line)
                     log.write(line + "\n")

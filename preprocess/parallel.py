@@ -15,33 +15,26 @@ ahead into its queue).
 ``--workers`` defaults to :func:`available_cores`: the cores this process may run on
 (``os.sched_getaffinity``, which a batch scheduler's CPU set limits), not the machine's.
 
-Shards: a stage that writes an output of a pipeline step (:func:`.atomic.run_step`) writes it
-in shards of :func:`shard_lines` input lines (1,000,000, or ``CONVS2S_SHARD_LINES``), each
-under a temporary name renamed when complete, in ``.NAME.shards/`` beside the step's output
-NAME, with ``manifest.json``: what the shards are derived from (the input's sha256, the
-function and its arguments, the shard size, the step's name, options and inputs' sha256) and
-the lines and bytes of each finished shard. A rerun after a kill reuses the finished shards
-if the manifest's origin is the same (``STAGE: resuming: N of M shards already done``),
-computes the others and concatenates them all; any difference discards them all (logged).
-The step removes the folder once its outputs are in place: a stage needs about twice its
-output's disk. A kill loses at most the shard being written, whose chunks the workers share.
-Outside a step (nothing would reuse them) the output is written directly.
+Shards: where ``map_file``'s output is an output of a pipeline step, it is written in shards
+of :func:`.shards.shard_lines` input lines that a rerun after a kill reuses
+(:mod:`.shards`), each shard's chunks shared by the workers. Outside a step (nothing would
+reuse them) the output is written directly.
 """
 import collections
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import multiprocessing
 import os
 import shutil
 from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from .atomic import StepOutput, atomic_outputs, fingerprint, remove_path, running_step, shard_folder
+from .atomic import StepOutput, remove_path, running_step, shard_folder
 from .errors import PreprocessError
 from .processes import worker_pool
 from .progress import Progress
+from .shards import Shards, shard_lines
 from .textio import check_parallel, count_lines, decode_line
 
 logger = logging.getLogger(__name__)
@@ -52,23 +45,6 @@ MAP_CHUNK_LINES = 10_000
 SCAN_BYTES = 1 << 20
 # Batches in flight per worker: enough that no worker waits for the next one.
 IN_FLIGHT_PER_WORKER = 3
-# Input lines per shard of a step's output (the environment may say otherwise).
-SHARD_VARIABLE = "CONVS2S_SHARD_LINES"
-SHARD_LINES = 1_000_000
-MANIFEST = "manifest.json"
-SHARDS_FORMAT = 1  # of the manifest and the shards: another one is never reused
-
-
-def shard_lines() -> int:
-    """Input lines per shard: ``CONVS2S_SHARD_LINES`` if set, else :data:`SHARD_LINES`."""
-    value = os.environ.get(SHARD_VARIABLE, "").strip()
-    if not value:
-        return SHARD_LINES
-    if not value.isdigit() or int(value) < 1:
-        raise PreprocessError(f"{SHARD_VARIABLE}={value!r}: give a whole number of lines "
-                              f"above 0, or unset it for the default {SHARD_LINES:,}")
-    return int(value)
-
 
 def available_cores() -> int:
     """The number of cores this process may run on."""
@@ -161,7 +137,7 @@ def parallel_chunks(src_path: str, tgt_path: str, chunk_lines: int) -> Tuple[int
     (total, tgt_total), chunks = line_chunks([src_path, tgt_path], chunk_lines)
     if tgt_total != total:
         check_parallel(src_path, tgt_path)  # fails, naming both counts
-        raise _changed(src_path, total)  # it did not: a file changed since it was scanned
+        raise changed_while_read(src_path, total)  # it did not: a file changed since it was scanned
     return total, chunks
 
 
@@ -224,7 +200,7 @@ def _map_chunks(fn: Callable[[List[str]], List[str]], in_path: str, chunks: List
     task = functools.partial(_map_chunk, fn, in_path)
     for chunk, lines in map_chunks_into(task, chunks, [out], folder, workers):
         if lines < chunk.lines:
-            raise _changed(in_path, progress.total)
+            raise changed_while_read(in_path, progress.total)
         progress.update(lines)
 
 
@@ -234,7 +210,7 @@ def _chunks_of(in_path: str, total: int, ranges: List[Tuple[int, int]]) -> List[
     firsts = [list(range(first, first + count, MAP_CHUNK_LINES)) for first, count in ranges]
     lines, offsets = _scan(in_path, itertools.chain.from_iterable(firsts))
     if lines != total or len(offsets) < sum(map(len, firsts)):
-        raise _changed(in_path, total)
+        raise changed_while_read(in_path, total)
     offsets, index = iter(offsets), itertools.count()
     return [[LineChunk(next(index), start + 1, min(MAP_CHUNK_LINES, first + count - start),
                        (next(offsets),)) for start in starts]
@@ -278,47 +254,7 @@ def describe(fn: Callable) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def _shard_path(folder: str, index: int) -> str:
-    return os.path.join(folder, f"{index:06d}")
-
-
-def _write_manifest(folder: str, manifest: dict) -> None:
-    with atomic_outputs([os.path.join(folder, MANIFEST)]) as (temp,):
-        with open(temp, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-
-
-def _finished_shards(folder: str, derived_from: dict, sizes: list, stage: str) -> dict:
-    """{index: entry} of the shards in ``folder`` that a run derived from ``derived_from``
-    finished, with the ``sizes`` (lines) expected; the folder is removed if it holds shards
-    derived from anything else."""
-    if not os.path.isdir(folder):
-        return {}
-    try:
-        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError):  # none (killed before it was written), or not one
-        manifest = None
-    recorded = manifest.get("derived_from") if isinstance(manifest, dict) else None
-    if not isinstance(recorded, dict) or recorded != derived_from:
-        changed = sorted(key for key in derived_from.keys() | (recorded or {}).keys()
-                         if (recorded or {}).get(key) != derived_from.get(key))
-        logger.info("%s: not resuming: the shards in %s were derived from other %s; "
-                    "computing every shard", stage, folder,
-                    ", ".join(changed) if recorded else "input or options (no manifest)")
-        remove_path(folder)
-        return {}
-    finished = {}
-    for key, entry in manifest.get("shards", {}).items():
-        index = int(key) if key.isdigit() else len(sizes)
-        path = _shard_path(folder, index)
-        if index < len(sizes) and isinstance(entry, dict) and entry.get("lines") == sizes[index] \
-                and os.path.isfile(path) and os.path.getsize(path) == entry.get("bytes"):
-            finished[index] = entry
-    return finished
-
-
-def _changed(path: str, total: int) -> PreprocessError:
+def changed_while_read(path: str, total: int) -> PreprocessError:
     return PreprocessError(f"{path} changed while it was read ({total:,} lines when counted): "
                            "make sure nothing writes it, and run the command again")
 
@@ -327,33 +263,17 @@ def _map_file_in_shards(fn: Callable[[List[str]], List[str]], function: str, in_
                         out_path: str, workers: int, progress: Progress, step: StepOutput) -> None:
     size, total = shard_lines(), progress.total
     sizes = [min(size, total - start) for start in range(0, total, size)]
-    folder = shard_folder(step.path)
-    sha256 = step.inputs.get(os.path.abspath(in_path)) or \
-        fingerprint(in_path)["files"]["."]["sha256"]
-    derived_from = json.loads(json.dumps({
-        "format": SHARDS_FORMAT, "input": sha256, "function": function,
-        "shard_lines": size, **step.derived_from}))
-    finished = _finished_shards(folder, derived_from, sizes, progress.stage)
-    if finished:
-        logger.info("%s: resuming: %d of %d shards already done", progress.stage,
-                    len(finished), len(sizes))
-        progress.resume(sum(entry["lines"] for entry in finished.values()))
-    manifest = {"derived_from": derived_from, "input": os.path.abspath(in_path),
-                "shards": {str(index): entry for index, entry in sorted(finished.items())}}
-    os.makedirs(folder, exist_ok=True)
-    _write_manifest(folder, manifest)
-
-    todo = [index for index in range(len(sizes)) if index not in finished]
-    chunks = _chunks_of(in_path, total, [(index * size, sizes[index]) for index in todo])
-    for index, shard_chunks in zip(todo, chunks):
-        path = _shard_path(folder, index)
-        with atomic_outputs([path]) as (temp,):
+    shards = Shards(shard_folder(step.path), {"input": step.sha256(in_path), "function": function,
+                                              "shard_lines": size, **step.derived_from},
+                    sizes, progress.stage)
+    progress.resume(shards.lines_done)
+    chunks = _chunks_of(in_path, total, [(index * size, sizes[index]) for index in shards.todo])
+    for index, shard_chunks in zip(shards.todo, chunks):
+        with shards.writing(index) as (temp, _):
             with open(temp, "wb") as out:
-                _map_chunks(fn, in_path, shard_chunks, out, os.path.join(folder, "parts"), workers,
-                            progress)
-        manifest["shards"][str(index)] = {"lines": sizes[index], "bytes": os.path.getsize(path)}
-        _write_manifest(folder, manifest)
+                _map_chunks(fn, in_path, shard_chunks, out, os.path.join(shards.folder, "parts"),
+                            workers, progress)
     with open(out_path, "wb") as out:
         for index in range(len(sizes)):
-            with open(_shard_path(folder, index), "rb") as shard:
+            with open(shards.path(index), "rb") as shard:
                 shutil.copyfileobj(shard, out, 1 << 20)

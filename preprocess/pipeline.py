@@ -25,8 +25,9 @@ Layout of the output directory::
                                    vocabulary-selection candidates (convs2s-align-dict)
     prepare.json                   the options of the last complete run (a summary only)
     .NAME.built-from.json          beside each step's first output: what it was built from
-    .NAME.shards/                  while tokenizing or applying BPE runs: the finished shards
-                                   of output NAME (see below; removed once the step is done)
+    .NAME.shards/                  while tokenizing, applying BPE or binarizing runs: the
+                                   finished shards of output NAME (see below; removed once
+                                   the step is done)
 
 Rerunning the command reuses every step that is current and rebuilds, saying why, every
 step whose inputs' contents or options changed, and after it each step whose own inputs
@@ -36,16 +37,15 @@ same directory rebuild only what they affect (other ``--bpe-merges``: BPE and bi
 not tokenization and cleaning). Files that the new options no longer produce (``bpe/``
 after ``--no-bpe``, ``tok/test.*`` without ``--testpref``) are left as they were.
 
-Within a step, tokenizing and applying BPE resume too: they write each file in shards of
-1,000,000 input lines (``CONVS2S_SHARD_LINES``), each complete or absent, in
+Within a step, tokenizing, applying BPE and binarizing resume too: they write each file in
+shards of 1,000,000 input lines (``CONVS2S_SHARD_LINES``), each complete or absent, in
 ``.NAME.shards/`` beside the output NAME, and a rerun after a kill reuses the finished ones
 if they were derived from the same input, options and shard size (it logs ``tokenize
 PATH: resuming: N of M shards already done``; anything else discards them all, logged as
 ``not resuming``), so a kill loses at most the shards in progress, not hours of
-tokenization (:mod:`preprocess.parallel`). The folders are removed once the step's outputs
-are in place: until then a step needs about twice its outputs' disk. Cleaning, learning BPE
-and binarizing start over when interrupted (why binarizing is not sharded:
-:mod:`preprocess.binarize`).
+tokenization (:mod:`preprocess.shards`); binarizing keeps its dictionaries there too. The
+folders are removed once the step's outputs are in place: until then a step needs about
+twice its outputs' disk. Cleaning and learning BPE start over when interrupted.
 """
 import argparse
 import contextlib

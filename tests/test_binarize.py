@@ -1,5 +1,7 @@
 """binarize's own reading and encoding against fairseq's, on the lines where they could part:
-whitespace that is not a space, empty lines, CRLF, words spelled like special symbols."""
+whitespace that is not a space, empty lines, CRLF, words spelled like special symbols. Its
+resumption from shards: tests/test_shards.py."""
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +11,10 @@ from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.tasks.translation import TranslationTask
 
+from convs2s_preprocess.atomic import run_step, shard_folder
 from convs2s_preprocess.binarize import LOG_FILE, binarize, write_index
 from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.shards import SHARD_VARIABLE
 
 # Every kind of whitespace str.split and fairseq's tokenize_line know, and none that ends a line
 # for fairseq's reader but \n (\x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029 end one for
@@ -22,7 +26,9 @@ VALID = ["a cat rides a unicorn", "<unk> zebra zebra", "", "ein\x85Pferd\u2028l√
          "a\r\nhorse"]  # no \n after the last line
 
 
-def test_binarize_unusual_lines_as_fairseq(tmp_path: Path):
+def test_binarize_unusual_lines_as_fairseq(tmp_path: Path, monkeypatch):
+    """On 1 and 3 workers, and in a step's shards of 2 lines (the last one ragged)."""
+    monkeypatch.setenv(SHARD_VARIABLE, "2")
     for split, lines in (("train", TRAIN), ("valid", VALID)):
         for lang, side in (("en", lines), ("de", lines[::-1])):
             text = "\n".join(side) + ("\n" if split == "train" else "")
@@ -42,10 +48,19 @@ def test_binarize_unusual_lines_as_fairseq(tmp_path: Path):
             summaries.append(f"[{lang}] {in_path}: {summary} (by <unk>)")
     assert "0.0% replaced" not in summaries[1]  # zebra, cat and unicorn, not <unk>
 
-    for workers in (1, 3):
-        out = tmp_path / f"workers{workers}"
-        binarize(str(out), "en", "de", trainpref=str(tmp_path / "train"),
-                 validpref=str(tmp_path / "valid"), workers=workers)
+    inputs = [str(tmp_path / f"{split}.{lang}")
+              for split in ("train", "valid") for lang in ("en", "de")]
+    for workers, in_step in ((1, False), (3, False), (3, True)):
+        out = tmp_path / f"workers{workers}{'-step' * in_step}"
+
+        def write(destdir: str) -> None:
+            binarize(destdir, "en", "de", trainpref=str(tmp_path / "train"),
+                     validpref=str(tmp_path / "valid"), workers=workers)
+        if in_step:
+            assert run_step("binarize", inputs, [str(out)], write)
+            assert not os.path.exists(shard_folder(str(out)))
+        else:
+            write(str(out))
         assert (out / LOG_FILE).read_text().splitlines() == summaries
         for lang in ("en", "de"):
             assert (out / f"dict.{lang}.txt").read_bytes() == (ref / "dict.txt").read_bytes()

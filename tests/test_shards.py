@@ -1,5 +1,5 @@
 """Issue 35: a line-by-line stage of a pipeline step (tokenize, apply BPE) writes its output
-in shards, and a rerun after a kill reuses the finished ones (preprocess/parallel.py), on
+in shards, and a rerun after a kill reuses the finished ones (preprocess/shards.py), on
 real runs, no mocks: convs2s-prepare killed with SIGKILL, and steps stopped by a real error
 (invalid UTF-8 part-way through the input) in this process. Shards are made small with the
 documented CONVS2S_SHARD_LINES.
@@ -17,9 +17,11 @@ import pytest
 from conftest import DATA
 from convs2s_preprocess.atomic import run_step, shard_folder
 from convs2s_preprocess import parallel
+from convs2s_preprocess.binarize import binarize
 from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.parallel import MANIFEST, SHARD_VARIABLE, map_file
+from convs2s_preprocess.parallel import map_file
+from convs2s_preprocess.shards import MANIFEST, SHARD_VARIABLE
 from convs2s_preprocess.tokenize import tokenize_file
 from faults import ENV, command, processes_mentioning, wait_until
 
@@ -35,9 +37,10 @@ def _lines(lang: str, count: int) -> list:
         return [line for _, line in zip(range(count), f)]
 
 
-def _finished(output: Path) -> dict:
-    """{shard file: (inode, mtime, size)} of the finished shards of ``output``'s stage."""
-    folder = Path(shard_folder(str(output)))
+def _finished(output: Path, file: str = "") -> dict:
+    """{shard file: (inode, mtime, size)} of the finished shards of ``output``'s stage (of
+    its input ``file``'s, binarizing)."""
+    folder = Path(shard_folder(str(output))) / file
     try:
         shards = json.loads((folder / MANIFEST).read_text())["shards"]
     except (OSError, ValueError):
@@ -137,6 +140,47 @@ def test_killed_stage_resumes_from_its_shards(tmp_path):
         assert (out / "bpe" / f"train.{lang}").read_bytes() == (tmp_path / f"plain.bpe.{lang}").read_bytes()
 
 
+@needs_data
+def test_killed_binarization_resumes_from_its_dictionaries_and_shards(tmp_path, monkeypatch):
+    """SIGKILL while train.en is binarized, then again once the rerun binarizes train.de:
+    the rerun loads the dictionaries instead of counting the words again and reuses the
+    finished shards without writing them again, and the run that ends gives what an
+    uninterrupted binarization gives, with no shard folder left."""
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("".join(_lines(lang, LINES)), encoding="utf-8")
+    env = {**ENV, SHARD_VARIABLE: str(SHARD), "CONVS2S_PROGRESS_SECONDS": "0"}
+    argv = command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", "train", "-o",
+                   "out", "--bpe-merges", 200, "--workers", 2)
+    out = tmp_path / "out"
+    counted = [Path(shard_folder(str(out / "bin"))) / f"dict.{lang}.txt" for lang in ("en", "de")]
+
+    _killed_after(argv, tmp_path, env, "binarize out/bpe/train.en", 4 * SHARD)
+    lines = sum(1 for _ in open(out / "bpe" / "train.en", encoding="utf-8"))
+    shards = -(-lines // SHARD)
+    first = _finished(out / "bin", "train.en")
+    assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
+    dictionaries = [(path.stat().st_ino, path.stat().st_mtime_ns) for path in counted]
+
+    log = _killed_after(argv, tmp_path, env, "binarize out/bpe/train.de", 4 * SHARD)
+    assert "counting the words" not in log and "the dictionaries of the interrupted run" in log, log
+    assert [(path.stat().st_ino, path.stat().st_mtime_ns) for path in counted] == dictionaries
+    assert f"binarize out/bpe/train.en: resuming: {len(first)} of {shards} shards" in log
+    second = _finished(out / "bin", "train.en")
+    assert len(second) == shards and {name: second[name] for name in first} == first
+    assert 3 <= len(_finished(out / "bin", "train.de")) < shards
+
+    done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"binarize out/bpe/train.en: resuming: {shards} of {shards} shards" in done.stderr
+    assert "binarize out/bpe/train.de: resuming: " in done.stderr
+    assert not list(out.rglob("*.shards")) and not list(out.rglob("*.tmp"))
+    monkeypatch.chdir(tmp_path)  # preprocess.log names the text as the command did
+    binarize("plain", "en", "de", trainpref="out/bpe/train", workers=2)
+    assert sorted(os.listdir(out / "bin")) == sorted(os.listdir(tmp_path / "plain"))
+    for name in os.listdir(tmp_path / "plain"):
+        assert (out / "bin" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+
 def _raw_with_bad_line(path: Path, changed_line: str = None) -> Path:
     """1000 English lines with invalid UTF-8 on line BAD_LINE (and ``changed_line`` first)."""
     lines = [line.encode() for line in _lines("en", 1000)]
@@ -215,6 +259,50 @@ def test_codes_learned_again_reuse_no_shard(tmp_path, caplog, small_shards):
     assert "resuming" not in caplog.text.replace("not resuming", "")
     assert "derived from other inputs" in caplog.text, caplog.text
     assert not set(first.values()) & set(again.values())
+
+
+@needs_data
+def test_binarization_of_other_inputs_reuses_no_dictionary_or_shard(tmp_path, caplog, small_shards):
+    """A binarize step stopped by invalid UTF-8 in its last file, valid.de, after three of its
+    shards: run again, it fails there again having loaded the dictionaries and reused every
+    finished shard; with train.en's first line changed, it counts the words again and reuses
+    no shard, and gives what a binarization outside a step gives."""
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("".join(_lines(lang, 1000)), encoding="utf-8")
+    (tmp_path / "valid.en").write_text("".join(_lines("en", 1000)), encoding="utf-8")
+    _raw_with_bad_line(tmp_path / "valid.de")
+    inputs = [str(tmp_path / f"{split}.{lang}")
+              for split in ("train", "valid") for lang in ("en", "de")]
+    out = tmp_path / "bin"
+
+    def step():
+        return run_step("binarize", inputs, [str(out)], lambda temp: binarize(
+            temp, "en", "de", trainpref=str(tmp_path / "train"), validpref=str(tmp_path / "valid"),
+            workers=2))
+    finished = []
+    for _ in range(2):
+        caplog.clear()
+        with pytest.raises(PreprocessError, match=f"valid.de, line {BAD_LINE}: not valid UTF-8"):
+            step()
+        finished.append({name: _finished(out, name) for name in ("train.en", "valid.de")})
+        assert [len(shards) for shards in finished[-1].values()] == [10, 3]
+    assert finished[0] == finished[1]
+    assert "counting the words" not in caplog.text
+    assert "the dictionaries of the interrupted run" in caplog.text
+    assert f"binarize {tmp_path / 'valid.de'}: resuming: 3 of 10 shards already done" in caplog.text
+
+    (tmp_path / "train.en").write_text("A changed first line .\n" + "".join(_lines("en", 1000)[1:]),
+                                       encoding="utf-8")
+    (tmp_path / "valid.de").write_text("".join(_lines("de", 1000)), encoding="utf-8")
+    caplog.clear()
+    assert step()
+    assert "resuming" not in caplog.text.replace("not resuming", "")
+    assert "binarize: not resuming: " in caplog.text and "counting the words" in caplog.text
+    binarize(str(tmp_path / "plain"), "en", "de", trainpref=str(tmp_path / "train"),
+             validpref=str(tmp_path / "valid"), workers=2)
+    for name in os.listdir(tmp_path / "plain"):
+        assert (out / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+    assert not os.path.exists(shard_folder(str(out)))
 
 
 def test_bad_shard_size_is_one_clear_error(tmp_path, monkeypatch):
