@@ -11,6 +11,7 @@ import heapq
 import itertools
 import logging
 import math
+import os
 import re
 from collections import Counter, defaultdict
 from typing import NamedTuple, Optional, Sequence
@@ -19,6 +20,7 @@ import numpy as np
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
+from .atomic import remove_path
 from .errors import PreprocessError
 from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
 from .processes import answer, servers, tell
@@ -44,8 +46,11 @@ COUNT_CHUNK_LINES = 50000
 # merges on 2 cores, AMD EPYC: 86,000 words 12.9 s in one shard, 20.4 in two; 255,000
 # words 44.3 s and 40.8; 794,000 words 154 s and 89).
 SHARD_WORDS = 100_000
-# Distinct words per batch of segmenting them.
-SEGMENT_BATCH_WORDS = 5000
+# Partitions of a file's distinct words in applying BPE: a worker gathers and segments the
+# words of one at a time (at 36,000,000 built lines, some 17,000 words).
+WORD_PARTITIONS = 256
+# _hash's values (signed 64-bit) plus this are in [0, 2 ** 64).
+HASH_OFFSET = 1 << 63
 # Lines whose words a worker looks up at once in applying BPE: their words, a Python object
 # each, are a worker's memory, a few MB.
 SEGMENT_BATCH_LINES = 1000
@@ -333,11 +338,19 @@ def apply_bpe(line: str, codes_path: str) -> str:
     return _load_codes(codes_path).segment(line)
 
 
-def _distinct_words(in_path: str, chunk: LineChunk) -> tuple:
-    """(number of lines, the distinct words of ``chunk`` of ``in_path``: the empty one
-    among them where a line has none or two spaces in a row). A line that is not UTF-8 is
-    left out: reading the file again to map its lines reports it, with its number, after
-    the shards before it are written."""
+def _partition(word: str, partitions: int) -> int:
+    """The partition of ``word``: the ``partitions`` parts of the range of ``_hash`` that the
+    partitions hold are in order, so that their words sorted by hash, one partition after
+    the other, are sorted."""
+    return ((_hash(word) + HASH_OFFSET) * partitions) >> 64
+
+
+def _partition_words(in_path: str, folder: str, partitions: int, chunk: LineChunk) -> tuple:
+    """Write the distinct words of ``chunk`` of ``in_path`` to a file of ``folder``, a line
+    each, partition after partition; return the number of lines read, the file and where
+    each partition's words begin in it, and where the file ends. A line that is not UTF-8 is
+    left out: reading the file again to map its lines reports it, with its number, after the
+    shards before it are written."""
     words, lines = set(), 0
     for lines, raw in enumerate(read_chunk(in_path, chunk, 0), 1):
         try:
@@ -345,19 +358,46 @@ def _distinct_words(in_path: str, chunk: LineChunk) -> tuple:
         except UnicodeDecodeError:
             continue
         words.update(_words(line))
-    return lines, words
-
-
-def _segment_words(words: list, codes_path: str) -> tuple:
-    """(number of ``words``, {word: ``BPE.segment(word)``} of those the codes split)."""
-    bpe = _load_codes(codes_path)
-    split = {}
+    words.discard("")  # where a line has none, or two spaces in a row
+    parts = defaultdict(list)
     for word in words:
-        units = bpe.segment_tokens([word])
-        if units != [word]:
-            split[word] = " ".join(units)
+        parts[_partition(word, partitions)].append(word)
+    path, offsets = os.path.join(folder, f"words-{chunk.index}"), [0]
+    with open(path, "wb") as out:
+        for partition in range(partitions):
+            text = "".join(word + "\n" for word in parts[partition])
+            offsets.append(offsets[-1] + out.write(text.encode("utf-8")))
+    return lines, path, offsets
+
+
+def _segment_partition(codes_path: str, sections: list) -> tuple:
+    """Segment the distinct words of a partition, read from the ``sections`` (file, start,
+    end) of the chunks' files that hold them; return the number of words and the partition's
+    :class:`SplitWords` parts: the hashes of the words the codes split, sorted, the length of
+    each one's segmentation, the segmentations in that order, and the collided words."""
+    words = set()
+    for path, start, end in sections:
+        with open(path, "rb") as f:
+            f.seek(start)
+            words.update(f.read(end - start).decode("utf-8").split("\n"))
+    words.discard("")
+    words = sorted(words, key=_hash)
+    hashes = np.fromiter(map(_hash, words), np.int64, len(words))
+    shared, equal = np.zeros(len(words), dtype=bool), hashes[1:] == hashes[:-1]
+    shared[1:] |= equal  # the hash of the word before
+    shared[:-1] |= equal  # of the word after
+    bpe = _load_codes(codes_path)
+    kept, units, collided = [], [], {}
+    for word, key, collides in zip(words, hashes.tolist(), shared.tolist()):
+        segmented = bpe.segment_tokens([word])
+        if collides:
+            collided[word] = " ".join(segmented)
+        elif segmented != [word]:
+            kept.append(key)
+            units.append(" ".join(segmented))
     bpe.cache.clear()  # every word comes once: its cache would only hold them all again
-    return len(words), split
+    lengths = np.fromiter(map(len, units), np.int64, len(units))
+    return len(words), np.array(kept, dtype=np.int64), lengths, "".join(units), collided
 
 
 # A word's key in a SplitWords table: Python's hash, which forked workers compute as their
@@ -383,23 +423,17 @@ class SplitWords(NamedTuple):
     marked: np.ndarray
 
     @classmethod
-    def of(cls, split: dict, words: list) -> "SplitWords":
-        """The table of ``split`` ({word: segmentation}), for a file whose distinct words
-        are ``words``."""
-        hashes, counts = np.unique(np.fromiter(map(_hash, words), np.int64, len(words)),
-                                   return_counts=True)
-        shared = set(hashes[counts > 1].tolist())
-        collided = {word: split.get(word, word) for word in words
-                    if _hash(word) in shared} if shared else {}
-        kept = [word for word in split if word not in collided]
-        keys = np.fromiter(map(_hash, kept), np.int64, len(kept))
-        order = np.argsort(keys)
-        units = [split[kept[k]] for k in order.tolist()]
-        starts = np.zeros(len(units) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, units), np.int64, len(units)), out=starts[1:])
+    def of(cls, partitions: list) -> "SplitWords":
+        """The table of the words of a file from its partitions' parts, in order
+        (:func:`_segment_partition`)."""
+        keys = np.concatenate([part[1] for part in partitions])
+        starts = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate([part[2] for part in partitions]), out=starts[1:])
+        units = "".join(part[3] for part in partitions)
+        collided = {word: units for part in partitions for word, units in part[4].items()}
         marked = np.zeros(1 << max(10, (MARKS_PER_WORD * len(keys)).bit_length()), dtype=bool)
         marked[keys & (len(marked) - 1)] = True
-        return cls(keys[order], starts, "".join(units), collided, marked)
+        return cls(keys, starts, units, collided, marked)
 
     def segment(self, words: list) -> list:
         """Each of ``words`` segmented (words of the file only)."""
@@ -440,28 +474,44 @@ def _segment_known(lines: list, codes_path: str) -> list:
     return segmented
 
 
-def segment_distinct_words(codes_path: str, in_path: str, workers: int = 1) -> SplitWords:
+def segment_distinct_words(codes_path: str, in_path: str, folder: str,
+                           workers: int = 1) -> SplitWords:
     """The segmentation of every word of ``in_path`` that the codes split (the others are
-    segmented as themselves). The words are collected and segmented in ``workers``
-    processes, each distinct word once."""
+    segmented as themselves), each distinct word segmented once, in ``workers`` processes.
+
+    The workers find the distinct words of chunks of the file and write them to files in
+    ``folder`` (made anew, removed at the end), split by hash into :data:`WORD_PARTITIONS`
+    partitions; then each partition's words are gathered, deduplicated and segmented by one
+    worker, which returns them as arrays. Neither this process nor a worker holds more of
+    the file's words as Python objects than a chunk's or a partition's."""
     (total,), chunks = line_chunks([in_path], COUNT_CHUNK_LINES)
-    progress = Progress(f"find the words of {in_path}", total, unit="lines")
-    words = set()
-    for lines, chunk_words in map_batches(functools.partial(_distinct_words, in_path), chunks, workers):
-        words |= chunk_words
-        progress.update(lines)
-    progress.finish()
-    words.discard("")
-    words = list(words)
-    progress = Progress(f"segment the words of {in_path}", len(words), unit="words")
-    split = {}
-    _load_codes(codes_path)  # read once, before the workers fork
-    segment = functools.partial(_segment_words, codes_path=codes_path)
-    for done, batch_split in map_batches(segment, batched(words, SEGMENT_BATCH_WORDS), workers):
-        split.update(batch_split)
-        progress.update(done)
-    progress.finish()
-    return SplitWords.of(split, words)
+    remove_path(folder)
+    os.makedirs(folder)
+    try:
+        progress = Progress(f"find the words of {in_path}", total, unit="lines")
+        found = []  # (file, offsets) of each chunk
+        task = functools.partial(_partition_words, in_path, folder, WORD_PARTITIONS)
+        for lines, path, offsets in map_batches(task, chunks, workers):
+            found.append((path, offsets))
+            progress.update(lines)
+        progress.finish()
+        _load_codes(codes_path)  # read once, before the workers fork
+        progress = Progress(f"segment the words of {in_path}", WORD_PARTITIONS, unit="partitions")
+        tasks = [[(path, offsets[partition], offsets[partition + 1]) for path, offsets in found]
+                 for partition in range(WORD_PARTITIONS)]
+        parts, words = [], 0
+        segment = functools.partial(_segment_partition, codes_path)
+        for part in map_batches(segment, tasks, workers):
+            parts.append(part)
+            words += part[0]
+            progress.update(1)
+        progress.finish()
+    finally:
+        remove_path(folder)
+    split = SplitWords.of(parts)
+    logger.info("apply BPE to %s: %d distinct words, %d of them split by the codes", in_path,
+                words, len(split.hashes) + sum(word != units for word, units in split.collided.items()))
+    return split
 
 
 def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 1) -> int:
@@ -475,20 +525,23 @@ def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 
     The output is ``BPE.segment(line)``'s, byte for byte: a line's leading and trailing
     spaces are dropped (subword-nmt's ``apply-bpe`` command keeps them).
 
-    Memory: collecting and segmenting the distinct words holds each once in this process
-    for a while (a few hundred bytes a word); then the table of those the codes split
-    (:class:`SplitWords`) holds about 40 bytes for each and its segmentation's characters,
-    and a byte per word to find that the others are not split, in arrays that the workers
+    Memory: the distinct words are gathered and segmented a partition at a time, in files
+    that the workers write in a folder beside ``out_path`` (about 8% of the text's bytes at
+    4,500,000 lines; removed at the end); then the table of those the codes split
+    (:class:`SplitWords`) holds 16 bytes for each and its segmentation's characters, and 8
+    to 16 more to find without a search that the others are not split, in arrays that the workers
     share with this process as forked pages, which no lookup writes: a worker's own memory
-    is its chunk's lines, not the table. On 2,000,000 built German lines (466,002 distinct
-    words, 452,573 split) 8 workers peaked at 459 MiB, 2 at 309 (a dict of the
-    segmentations, which every worker copied as it looked words up: 830 and 354) (AMD
-    EPYC, 2 cores). A rerun that resumes from finished shards segments the words of the
-    whole file again, then maps only the lines of the unfinished shards.
+    is its chunk's lines, not the table. On 4,500,000 built German lines (935,745 distinct
+    words, 922,093 split) 2 workers peaked at 212 MiB, where collecting the words in this
+    process as a set and a dict of their segmentations peaked at 456 (AMD EPYC, 2 cores). A
+    rerun that resumes from finished shards segments the words of the whole file again,
+    then maps only the lines of the unfinished shards.
     """
     _load_codes.cache_clear()  # codes_path may have been learned again since it was read
     try:
-        split = segment_distinct_words(codes_path, in_path, workers)
+        folder = os.path.join(os.path.dirname(os.path.abspath(out_path)),
+                              f".{os.path.basename(out_path)}.words")
+        split = segment_distinct_words(codes_path, in_path, folder, workers)
         _known.update(codes=codes_path, split=split)
         fn = functools.partial(_segment_known, codes_path=codes_path)
         return map_file(fn, in_path, out_path, workers, stage=f"apply BPE to {in_path}",
