@@ -339,9 +339,9 @@ def apply_bpe(line: str, codes_path: str) -> str:
 
 
 def _partition(word: str, partitions: int) -> int:
-    """The partition of ``word``: the ``partitions`` parts of the range of ``_hash`` that the
-    partitions hold are in order, so that their words sorted by hash, one partition after
-    the other, are sorted."""
+    """The partition of ``word``: one of ``partitions`` consecutive ranges of ``_hash``'s
+    values, in order, so that the partitions' words, each partition's sorted by hash, put
+    one partition after the other are sorted."""
     return ((_hash(word) + HASH_OFFSET) * partitions) >> 64
 
 
@@ -374,7 +374,8 @@ def _segment_partition(codes_path: str, sections: list) -> tuple:
     """Segment the distinct words of a partition, read from the ``sections`` (file, start,
     end) of the chunks' files that hold them; return the number of words and the partition's
     :class:`SplitWords` parts: the hashes of the words the codes split, sorted, the length of
-    each one's segmentation, the segmentations in that order, and the collided words."""
+    each one's segmentation, the segmentations in that order, and {word: segmentation} of
+    the words whose hash another word shares."""
     words = set()
     for path, start, end in sections:
         with open(path, "rb") as f:
@@ -426,11 +427,12 @@ class SplitWords(NamedTuple):
     def of(cls, partitions: list) -> "SplitWords":
         """The table of the words of a file from its partitions' parts, in order
         (:func:`_segment_partition`)."""
-        keys = np.concatenate([part[1] for part in partitions])
+        _, keys, lengths, units, collided = zip(*partitions)
+        keys = np.concatenate(keys)
         starts = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(np.concatenate([part[2] for part in partitions]), out=starts[1:])
-        units = "".join(part[3] for part in partitions)
-        collided = {word: units for part in partitions for word, units in part[4].items()}
+        np.cumsum(np.concatenate(lengths), out=starts[1:])
+        units = "".join(units)
+        collided = {word: segmented for part in collided for word, segmented in part.items()}
         marked = np.zeros(1 << max(10, (MARKS_PER_WORD * len(keys)).bit_length()), dtype=bool)
         marked[keys & (len(marked) - 1)] = True
         return cls(keys, starts, units, collided, marked)
@@ -499,18 +501,17 @@ def segment_distinct_words(codes_path: str, in_path: str, folder: str,
         progress = Progress(f"segment the words of {in_path}", WORD_PARTITIONS, unit="partitions")
         tasks = [[(path, offsets[partition], offsets[partition + 1]) for path, offsets in found]
                  for partition in range(WORD_PARTITIONS)]
-        parts, words = [], 0
-        segment = functools.partial(_segment_partition, codes_path)
-        for part in map_batches(segment, tasks, workers):
+        parts = []
+        for part in map_batches(functools.partial(_segment_partition, codes_path), tasks, workers):
             parts.append(part)
-            words += part[0]
             progress.update(1)
         progress.finish()
     finally:
         remove_path(folder)
     split = SplitWords.of(parts)
     logger.info("apply BPE to %s: %d distinct words, %d of them split by the codes", in_path,
-                words, len(split.hashes) + sum(word != units for word, units in split.collided.items()))
+                sum(part[0] for part in parts), len(split.hashes)
+                + sum(word != segmented for word, segmented in split.collided.items()))
     return split
 
 

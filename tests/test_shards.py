@@ -1,5 +1,5 @@
-"""Issue 35: a line-by-line stage of a pipeline step (tokenize, apply BPE) writes its output
-in shards, and a rerun after a kill reuses the finished ones (preprocess/shards.py), on
+"""Issue 35: a stage of a pipeline step (tokenize, apply BPE, binarize) writes its output in
+shards, and a rerun after a kill reuses the finished ones (preprocess/shards.py), on
 real runs, no mocks: convs2s-prepare killed with SIGKILL, and steps stopped by a real error
 (invalid UTF-8 part-way through the input) in this process. Shards are made small with the
 documented CONVS2S_SHARD_LINES.
