@@ -50,7 +50,7 @@ import os
 import struct
 from collections import Counter, deque
 from operator import itemgetter
-from typing import BinaryIO, Iterator, List, Optional
+from typing import BinaryIO, Iterable, Iterator, List, Optional
 
 from .atomic import atomic_outputs, running_step, shard_folder
 from .errors import PreprocessError
@@ -177,11 +177,19 @@ def _binarized(in_path: str, shards: List[List[tuple]], out_prefix: str,
             yield (shard, *result)
 
 
-def _append(part: str, out: BinaryIO) -> None:
-    with open(part, "rb") as f:
-        while block := f.read(BLOCK_BYTES):
-            out.write(block)
-    os.remove(part)
+def _append_parts(results: Iterable[tuple], out: BinaryIO, progress: Progress) -> tuple:
+    """Append the part file of each of ``results`` (:func:`_binarized`'s) to ``out`` and
+    remove it; (the chunks' lengths, the words replaced in them)."""
+    sizes, replaced = [], 0
+    for _, part, chunk_sizes, chunk_replaced in results:
+        with open(part, "rb") as f:
+            while block := f.read(BLOCK_BYTES):
+                out.write(block)
+        os.remove(part)
+        sizes.append(chunk_sizes)
+        replaced += chunk_replaced
+        progress.update(len(chunk_sizes))
+    return sizes, replaced
 
 
 def write_index(path: str, dtype, chunk_sizes: list) -> None:
@@ -217,7 +225,7 @@ def binarize_file(vocab, in_path: str, out_prefix: str, workers: int,
                   shards_in: Optional[str] = None, derived_from: Optional[dict] = None):
     """``OUT_PREFIX.bin``/``.idx`` from the lines of ``in_path``; fairseq's BinarizeSummary.
     With ``shards_in``, a folder, in shards there that a run derived from the same
-    ``derived_from`` (what decides the dictionary) reuses (:mod:`.shards`)."""
+    ``derived_from`` (the step's origin, which decides the dictionary) reuses (:mod:`.shards`)."""
     from fairseq.data.indexed_dataset import (best_fitting_int_dtype, data_file_path,
                                               index_file_path)
 
@@ -226,14 +234,9 @@ def binarize_file(vocab, in_path: str, out_prefix: str, workers: int,
     try:
         if shards_in is None:
             progress = Progress(stage, count_lines(in_path), unit="lines")
-            sizes, replaced = [], 0
             results = _binarized(in_path, [_chunks(in_path, workers)], out_prefix, workers)
             with contextlib.closing(results), open(data_file_path(out_prefix), "wb") as out:
-                for _, part, chunk_sizes, chunk_replaced in results:
-                    _append(part, out)
-                    sizes.append(chunk_sizes)
-                    replaced += chunk_replaced
-                    progress.update(len(chunk_sizes))
+                sizes, replaced = _append_parts(results, out, progress)
         else:
             progress, sizes, replaced = _binarize_in_shards(in_path, out_prefix, workers, stage,
                                                             shards_in, derived_from)
@@ -264,12 +267,7 @@ def _binarize_in_shards(in_path: str, out_prefix: str, workers: int, stage: str,
     with contextlib.closing(_binarized(in_path, chunks, out_prefix, workers)) as results:
         for index, (_, shard_chunks) in zip(todo, itertools.groupby(results, key=itemgetter(0))):
             with shards.writing(index) as (temp, entry), open(temp, "wb") as out:
-                shard_sizes, entry["replaced"] = [], 0
-                for _, part, chunk_sizes, chunk_replaced in shard_chunks:
-                    _append(part, out)
-                    shard_sizes.append(chunk_sizes)
-                    entry["replaced"] += chunk_replaced
-                    progress.update(len(chunk_sizes))
+                shard_sizes, entry["replaced"] = _append_parts(shard_chunks, out, progress)
                 shard_sizes = np.concatenate(shard_sizes)
                 if len(shard_sizes) != lines[index]:
                     raise changed_while_read(in_path, total)
@@ -336,7 +334,7 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
         raise PreprocessError("binarize: a training prefix or --srcdict is needed to build the "
                               "dictionary")
     os.makedirs(destdir, exist_ok=True)
-    step, folder, kept = running_step(destdir), None, [None, None]
+    step, folder = running_step(destdir), None
     if step:  # the dictionaries and shards of an interrupted run are kept in its shard folder
         folder = Shards(shard_folder(step.path), step.derived_from, [], "binarize").folder
         kept = [os.path.join(folder, f"dict.{lang}.txt") for lang in langs]
@@ -354,16 +352,14 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
         vocab.save(os.path.join(destdir, f"dict.{lang}.txt"))
 
     with open(os.path.join(destdir, LOG_FILE), "w", encoding="utf-8") as log:
-        for lang, vocab, saved in zip(langs, dictionaries, kept):
+        for lang, vocab in zip(langs, dictionaries):
             for split, prefix in prefixes.items():
                 if prefix:
                     in_path = f"{prefix}.{lang}"
                     out_prefix = os.path.join(destdir, f"{split}.{src_lang}-{tgt_lang}.{lang}")
                     shards_in = folder and os.path.join(folder, f"{split}.{lang}")
-                    derived_from = step and {**step.derived_from, "input": step.sha256(in_path),
-                                             "dictionary": step.sha256(saved)}
                     summary = binarize_file(vocab, in_path, out_prefix, workers, shards_in,
-                                            derived_from)
+                                            step and step.derived_from)
                     line = f"[{lang}] {in_path}: {summary} (by {vocab.unk_word})"
                     logger.info(line)
                     log.write(line + "\n")
