@@ -73,7 +73,8 @@ from .atomic import run_step
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map_chunks_into,
-                       parallel_chunks, read_chunk)
+                       parallel_chunks, partition_sections, read_chunk, read_section,
+                       write_partitions)
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
 from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
@@ -322,11 +323,8 @@ def _count_chunk(corpus_path: str, links_path: str, workdir: str, partitions: in
     texts = defaultdict(list)
     for src, targets in count_links(map(aligner_pair, lines), links, chunk.first).items():
         texts[partition_of(src, partitions)] += (f"{src} {tgt} {n}\n" for tgt, n in targets.items())
-    path, offsets = os.path.join(workdir, f"counts-{chunk.index}"), [0]
-    with open(path, "wb") as out:
-        for partition in range(partitions):
-            offsets.append(offsets[-1] + out.write("".join(texts[partition]).encode("utf-8")))
-    return path, offsets
+    path = os.path.join(workdir, f"counts-{chunk.index}")
+    return path, write_partitions(path, texts, partitions)
 
 
 def _count_partition(task: tuple) -> None:
@@ -334,12 +332,10 @@ def _count_partition(task: tuple) -> None:
     dictionary lines to PATH.dict and, if asked, its candidate lines to PATH.candidates."""
     path, sections, candidates = task
     counts = defaultdict(Counter)
-    for counts_path, start, end in sections:
-        with open(counts_path, "rb") as f:
-            f.seek(start)
-            for line in f.read(end - start).decode("utf-8").splitlines():
-                src, tgt, n = line.split(" ")
-                counts[src][tgt] += int(n)
+    for section in sections:
+        for line in read_section(*section).splitlines():
+            src, tgt, n = line.split(" ")
+            counts[src][tgt] += int(n)
     write_lines(path + ".dict", dictionary_lines(counts))
     if candidates:
         write_lines(path + ".candidates", candidate_lines(counts))
@@ -390,8 +386,8 @@ def count_corpus_links(corpus_path: str, links_path: str, workdir: str, workers:
         progress.update(chunk.lines)
     progress.finish()
     paths = [os.path.join(workdir, f"partition-{partition}") for partition in range(partitions)]
-    tasks = [(path, [(counts, at[partition], at[partition + 1]) for counts, at in counted],
-              candidates_path is not None) for partition, path in enumerate(paths)]
+    tasks = [(path, sections, candidates_path is not None)
+             for path, sections in zip(paths, partition_sections(counted, partitions))]
     for _ in map_batches(_count_partition, tasks, workers):
         pass
     write_lines(out_path, merged_lines([path + ".dict" for path in paths]))

@@ -22,7 +22,8 @@ from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair
 
 from .atomic import remove_path
 from .errors import PreprocessError
-from .parallel import LineChunk, batched, line_chunks, map_batches, map_file, read_chunk
+from .parallel import (LineChunk, batched, line_chunks, map_batches, map_file, partition_sections,
+                       read_chunk, read_section, write_partitions)
 from .processes import answer, servers, tell
 from .progress import Progress
 from .textio import count_lines, decode_line, in_sample, map_lines
@@ -361,13 +362,9 @@ def _partition_words(in_path: str, folder: str, partitions: int, chunk: LineChun
     words.discard("")  # where a line has none, or two spaces in a row
     parts = defaultdict(list)
     for word in words:
-        parts[_partition(word, partitions)].append(word)
-    path, offsets = os.path.join(folder, f"words-{chunk.index}"), [0]
-    with open(path, "wb") as out:
-        for partition in range(partitions):
-            text = "".join(word + "\n" for word in parts[partition])
-            offsets.append(offsets[-1] + out.write(text.encode("utf-8")))
-    return lines, path, offsets
+        parts[_partition(word, partitions)].append(word + "\n")
+    path = os.path.join(folder, f"words-{chunk.index}")
+    return lines, path, write_partitions(path, parts, partitions)
 
 
 def _segment_partition(codes_path: str, sections: list) -> tuple:
@@ -377,10 +374,8 @@ def _segment_partition(codes_path: str, sections: list) -> tuple:
     each one's segmentation, the segmentations in that order, and {word: segmentation} of
     the words whose hash another word shares."""
     words = set()
-    for path, start, end in sections:
-        with open(path, "rb") as f:
-            f.seek(start)
-            words.update(f.read(end - start).decode("utf-8").split("\n"))
+    for section in sections:
+        words.update(read_section(*section).split("\n"))
     words.discard("")
     words = sorted(words, key=_hash)
     hashes = np.fromiter(map(_hash, words), np.int64, len(words))
@@ -499,10 +494,9 @@ def segment_distinct_words(codes_path: str, in_path: str, folder: str,
         progress.finish()
         _load_codes(codes_path)  # read once, before the workers fork
         progress = Progress(f"segment the words of {in_path}", WORD_PARTITIONS, unit="partitions")
-        tasks = [[(path, offsets[partition], offsets[partition + 1]) for path, offsets in found]
-                 for partition in range(WORD_PARTITIONS)]
         parts = []
-        for part in map_batches(functools.partial(_segment_partition, codes_path), tasks, workers):
+        segment = functools.partial(_segment_partition, codes_path)
+        for part in map_batches(segment, partition_sections(found, WORD_PARTITIONS), workers):
             parts.append(part)
             progress.update(1)
         progress.finish()

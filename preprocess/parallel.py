@@ -7,10 +7,12 @@ bench/cores.py), so this process only finds where every so many lines of the fil
 (:func:`line_chunks`, a scan of newlines), and each worker reads its chunk of the files
 itself (:func:`read_chunk`); what it makes goes back as its result (:func:`map_batches`) or
 to part files that this process appends to the outputs in order (:func:`map_chunks_into`,
-which :func:`map_file` uses). Elsewhere (segmenting distinct words) batches of items go to
-the workers. Either way at most a few chunks or batches per worker are in flight: memory
-does not grow with the corpus (``multiprocessing.Pool.imap`` would read the whole input
-ahead into its queue).
+which :func:`map_file` uses). What must be gathered by key over every chunk (the distinct
+words to segment, the aligner's links to count) a chunk's worker writes to a file in
+partitions (:func:`write_partitions`), and one worker a partition then reads its sections
+of every chunk's file (:func:`partition_sections`, :func:`read_section`). At most a few
+chunks or batches per worker are in flight: memory does not grow with the corpus
+(``multiprocessing.Pool.imap`` would read the whole input ahead into its queue).
 
 ``--workers`` defaults to :func:`available_cores`: the cores this process may run on
 (``os.sched_getaffinity``, which a batch scheduler's CPU set limits), not the machine's.
@@ -173,6 +175,34 @@ def map_chunks_into(fn: Callable[[LineChunk, List[str]], object], chunks: Sequen
                 yield chunk, result
     finally:
         remove_path(folder)
+
+
+def write_partitions(path: str, parts: dict, partitions: int) -> List[int]:
+    """Write the lines ``parts[p]`` (a list of str, each ending in a newline) of every
+    partition ``p`` below ``partitions`` to ``path``, one partition after the other; return
+    where each partition begins in the file, and where the file ends. A worker writes such a
+    file for its chunk, and each partition is then read back from every chunk's file
+    (:func:`partition_sections`, :func:`read_section`) by one worker."""
+    offsets = [0]
+    with open(path, "wb") as out:
+        for partition in range(partitions):
+            text = "".join(parts.get(partition, ()))
+            offsets.append(offsets[-1] + out.write(text.encode("utf-8")))
+    return offsets
+
+
+def partition_sections(files: Sequence[Tuple[str, List[int]]], partitions: int) -> List[list]:
+    """For each partition, the (file, start, end) of its section in each of ``files``, (file,
+    offsets) that :func:`write_partitions` wrote."""
+    return [[(path, offsets[partition], offsets[partition + 1]) for path, offsets in files]
+            for partition in range(partitions)]
+
+
+def read_section(path: str, start: int, end: int) -> str:
+    """Bytes ``start..end`` of ``path``, decoded."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start).decode("utf-8")
 
 
 def _chunk_task(task: tuple) -> object:
