@@ -42,6 +42,13 @@ SIGKILL, which nothing can catch, leaves the folder behind (on Linux the kernel 
 stops the aligner, see :mod:`.processes`): the next run removes the folders of processes
 of this host that no longer exist.
 
+What the builtin aligner finishes outlives an interrupted or killed run: its trained model
+and the links of each finished shard of pairs are kept in ``aligner/`` of the step's shard
+folder, ``.NAME.shards/`` beside the output (:mod:`.shards`, ``python -m
+convs2s_preprocess.fastalign --keep``), and the rerun on the same inputs and options loads
+the model instead of training again and decodes only the shards not done. Writing the
+aligner's input and counting the links start over.
+
 The links are counted in ``--workers`` processes, in memory that does not grow with the
 corpus: each worker reads its chunks of the corpus and the links itself, and writes their
 counts split into partitions by source word; each partition is then summed by one worker,
@@ -69,7 +76,7 @@ from collections import Counter, defaultdict
 from itertools import zip_longest
 from typing import Iterable, Iterator, NamedTuple, Optional
 
-from .atomic import run_step
+from .atomic import run_step, running_step, shard_folder
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
 from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map_chunks_into,
@@ -77,6 +84,7 @@ from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map
                        write_partitions)
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
+from .shards import Shards
 from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
@@ -130,14 +138,15 @@ class Aligner(NamedTuple):
         return {"aligner": self.name, "settings": " ".join(settings)}
 
     def invocation(self, corpus_path: str, links_path: str, workers: int = 1,
-                   train_sample: int = 0) -> tuple:
+                   train_sample: int = 0, keep: Optional[str] = None) -> tuple:
         """(argv, file receiving stdout) to write the forward links of ``corpus_path``;
         the builtin aligner trains and decodes in ``workers`` processes (its links do not
-        depend on them) and trains on ``train_sample`` pairs when it is not 0."""
+        depend on them), trains on ``train_sample`` pairs when it is not 0, and keeps its
+        model and finished shards of links in ``keep`` if given."""
         if self.name == "eflomal":
             return [*self.command, "-i", corpus_path, "-f", links_path], os.devnull
-        own = ["--workers", str(workers), "--sample", str(train_sample)] \
-            if self.name == "builtin" else []
+        own = ["--workers", str(workers), "--sample", str(train_sample),
+               *(["--keep", keep] if keep else [])] if self.name == "builtin" else []
         return [*self.command, "-i", corpus_path, *FAST_ALIGN_SETTINGS, *own], links_path
 
 
@@ -224,12 +233,13 @@ def aligner_environment(workdir: str) -> dict:
 
 
 def run_aligner(aligner: Aligner, corpus_path: str, links_path: str, workdir: str,
-                workers: int = 1, train_sample: int = 0) -> None:
+                workers: int = 1, train_sample: int = 0, keep: Optional[str] = None) -> None:
     """Forward-align ``corpus_path``, writing Pharaoh ``i-j`` links to ``links_path``.
 
     The aligner runs in ``workdir`` as a child process that does not outlive this one.
+    ``keep``: see :meth:`Aligner.invocation`.
     """
-    cmd, stdout = aligner.invocation(corpus_path, links_path, workers, train_sample)
+    cmd, stdout = aligner.invocation(corpus_path, links_path, workers, train_sample, keep)
     log_path = os.path.join(workdir, "aligner.log")
     with open(stdout, "w") as out, open(log_path, "w") as log, \
             watching(log_path, relay_log_lines(logger)):
@@ -413,6 +423,10 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     from these inputs.
     """
     def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
+        step, keep = running_step(temp_out), None
+        if step and aligner.name == "builtin":  # its model and links outlive a killed run
+            keep = os.path.join(Shards(shard_folder(step.path), step.derived_from, [],
+                                       "alignment dictionary").folder, "aligner")
         with work_folder(scratch) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
             kept = write_aligner_input(src_path, tgt_path, corpus, processes)
@@ -422,7 +436,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
             logger.info("aligning %d pairs with %s: %s (%d left out: empty side or %r), in %s",
                         kept, aligner.name, shlex.join(aligner.command),
                         count_lines(src_path) - kept, SEPARATOR, tmp)
-            run_aligner(aligner, corpus, links, tmp, processes, train_sample)
+            run_aligner(aligner, corpus, links, tmp, processes, train_sample, keep)
             count_corpus_links(corpus, links, tmp, processes, temp_out, temp_candidates)
 
     if train_sample and aligner.name != "builtin":
@@ -488,7 +502,8 @@ def main(argv: Optional[list] = None) -> None:
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
-        sys.exit("interrupted: the aligner was stopped and its work folder removed")
+        sys.exit(f"interrupted: the aligner was stopped and its work folder removed; what the "
+                 f"builtin aligner finished is kept in {shard_folder(args.output)} for a rerun")
 
 
 if __name__ == "__main__":

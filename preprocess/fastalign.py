@@ -33,21 +33,32 @@ grow with N, not with the corpus; decoding still reads every pair, on every work
 absent from the sample is seldom linked, so the dictionary loses rare words first: how
 many, against the full training, is measured by ``python -m bench.sampling`` (the
 performance page), which chose ``convs2s-align-dict``'s default.
+
+``--keep DIR`` makes a killed run resumable (``convs2s-align-dict`` keeps DIR in its step's
+shard folder): the trained model is saved in DIR, and the links are decoded in shards of
+:func:`.shards.shard_lines` pairs (:mod:`.shards`), each kept in DIR once complete. A rerun
+on the same corpus (its sha256) with the same options loads the model instead of training
+and decodes only the shards not yet done; anything else discards DIR's contents.
 """
 import argparse
 import functools
 import gc
+import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
+from typing import Optional
 
 import numpy as np
 
+from .atomic import atomic_outputs, fingerprint
 from .fastalign_em import (NULL, PROB_ALIGN_NULL, Settings, TranslationTable, corpus_pair,
                            diagonal_prior, train)
 from .parallel import LineChunk, line_chunks, map_chunks_into, read_chunk
 from .progress import Progress
+from .shards import Shards, shard_lines
 from .textio import spread_evenly
 
 logger = logging.getLogger(__name__)
@@ -139,30 +150,88 @@ def _decode_chunk(chunk: LineChunk, parts: list) -> None:
             decode(pairs)
 
 
-def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 0) -> None:
+def save_model(folder: str, table: TranslationTable, tension: float) -> None:
+    """Write the trained model to ``folder`` (made atomically): the table's words, one a
+    line in the order of their ids, its keys and probabilities, and the final tension."""
+    with atomic_outputs([folder]) as (temp,):
+        os.makedirs(temp)
+        with open(os.path.join(temp, "words.txt"), "w", encoding="utf-8", newline="\n") as f:
+            f.write("\n".join(table.ids))  # words hold no line break: str.split() made them
+        np.save(os.path.join(temp, "keys.npy"), table.keys)
+        np.save(os.path.join(temp, "probs.npy"), table.probs)
+        with open(os.path.join(temp, "tension.json"), "w", encoding="utf-8") as f:
+            json.dump(tension, f)
+
+
+def load_model(folder: str) -> tuple:
+    """(table, tension) that :func:`save_model` wrote to ``folder``."""
+    with open(os.path.join(folder, "words.txt"), encoding="utf-8", newline="\n") as f:
+        ids = {word: index for index, word in enumerate(f.read().split("\n"), 1)}
+    with open(os.path.join(folder, "tension.json"), encoding="utf-8") as f:
+        tension = json.load(f)
+    return TranslationTable(ids, np.load(os.path.join(folder, "keys.npy")),
+                            np.load(os.path.join(folder, "probs.npy"))), tension
+
+
+def _decode(corpus: str, chunks: list, out, workdir: str, workers: int, progress: Progress) -> None:
+    """Write the links of ``chunks`` of ``corpus`` to ``out``, decoded in ``workers``
+    processes with the model in ``_decoder``."""
+    for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out], os.path.join(workdir, "parts"),
+                                    workers):
+        progress.update(chunk.lines)
+
+
+def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 0,
+          keep: Optional[str] = None) -> None:
     """Write the forward links of every line of ``corpus`` to ``out`` (a binary file), the
     model trained and the lines decoded in ``workers`` processes (the links are the same for
     any number). ``sample``: train on this many pairs (see the module docstring); 0, or a
-    number no smaller than the corpus, trains on every pair. A line that fast_align would
-    stop at ends the command with one line that names it."""
-    (total,), chunks = line_chunks([corpus], DECODE_CHUNK_LINES)
+    number no smaller than the corpus, trains on every pair. ``keep``: the folder that makes
+    a killed run resumable (the module docstring). A line that fast_align would stop at ends
+    the command with one line that names it."""
+    chunk_lines = min(DECODE_CHUNK_LINES, shard_lines()) if keep else DECODE_CHUNK_LINES
+    (total,), chunks = line_chunks([corpus], chunk_lines)
+    shards = None
+    if keep:  # shards of whole chunks, each at most shard_lines() pairs
+        per_shard = max(1, shard_lines() // chunk_lines)
+        groups = [chunks[start:start + per_shard] for start in range(0, len(chunks), per_shard)]
+        shards = Shards(keep, {"corpus": fingerprint(corpus)["files"]["."]["sha256"],
+                               "settings": settings._asdict(), "sample": sample,
+                               "shard_chunks": per_shard, "chunk_lines": chunk_lines},
+                        [sum(chunk.lines for chunk in group) for group in groups], "align")
+    sampled = 0 < sample < total
+    missing = UNSEEN_PROBABILITY if sampled else 0.0
     with tempfile.TemporaryDirectory(prefix="fastalign-") as workdir:
-        training, missing = corpus, 0.0
-        if 0 < sample < total:
-            logger.info("training fast_align's model on %d of the %d pairs, spread evenly "
-                        "(--sample); aligning every pair with it", sample, total)
-            training, missing = os.path.join(workdir, "sample"), UNSEEN_PROBABILITY
-            with open(corpus, "rb") as lines, open(training, "wb") as kept:
-                kept.writelines(spread_evenly(lines, sample, total))
+        model = shards and os.path.join(shards.folder, "model")
         try:
-            table, tension = train(training, workdir, settings, workers)
+            if model and os.path.isdir(model):
+                logger.info("the model trained by the interrupted run: %s", model)
+                table, tension = load_model(model)
+            else:
+                training = corpus
+                if sampled:
+                    logger.info("training fast_align's model on %d of the %d pairs, spread "
+                                "evenly (--sample); aligning every pair with it", sample, total)
+                    training = os.path.join(workdir, "sample")
+                    with open(corpus, "rb") as lines, open(training, "wb") as kept:
+                        kept.writelines(spread_evenly(lines, sample, total))
+                table, tension = train(training, workdir, settings, workers)
+                if model:
+                    save_model(model, table, tension)
             _decoder.update(corpus=corpus, model=dict(table=table, tension=tension,
                                                       settings=settings, missing=missing))
             gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
             progress = Progress("align", total, unit="pairs", log=logger)
-            for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out],
-                                            os.path.join(workdir, "parts"), workers):
-                progress.update(chunk.lines)
+            if shards is None:
+                _decode(corpus, chunks, out, workdir, workers, progress)
+            else:
+                progress.resume(shards.lines_done)
+                for index in shards.todo:
+                    with shards.writing(index) as (temp, _), open(temp, "wb") as shard:
+                        _decode(corpus, groups[index], shard, workdir, workers, progress)
+                for index in range(len(groups)):
+                    with open(shards.path(index), "rb") as shard:
+                        shutil.copyfileobj(shard, out, 1 << 20)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         progress.finish()
@@ -186,10 +255,13 @@ def main(argv=None) -> None:
     parser.add_argument("--sample", type=int, default=0, metavar="N",
                         help="train on N pairs spread evenly over the corpus, then align "
                              "every pair (default 0: train on every pair)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="keep the trained model and the finished shards of links in DIR, "
+                             "and reuse them when run again on the same corpus and options")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
     settings = Settings(args.favor_diagonal, args.optimize_tension, args.variational_bayes)
-    align(args.input, settings, sys.stdout.buffer, args.workers, args.sample)
+    align(args.input, settings, sys.stdout.buffer, args.workers, args.sample, args.keep)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ Layout of the output directory::
                                    vocabulary-selection candidates (convs2s-align-dict)
     prepare.json                   the options of the last complete run (a summary only)
     .NAME.built-from.json          beside each step's first output: what it was built from
-    .NAME.shards/                  while tokenizing, applying BPE or binarizing runs: the
-                                   finished shards of output NAME (see below; removed once
-                                   the step is done)
+    .NAME.shards/                  while tokenizing, applying BPE, binarizing or aligning
+                                   runs: the finished shards of output NAME (see below;
+                                   removed once the step is done)
 
 Rerunning the command reuses every step that is current and rebuilds, saying why, every
 step whose inputs' contents or options changed, and after it each step whose own inputs
@@ -43,9 +43,11 @@ shards of 1,000,000 input lines (``CONVS2S_SHARD_LINES``), each complete or abse
 if they were derived from the same input, options and shard size (it logs ``tokenize
 PATH: resuming: N of M shards already done``; anything else discards them all, logged as
 ``not resuming``), so a kill loses at most the shards in progress, not hours of
-tokenization (:mod:`preprocess.shards`); binarizing keeps its dictionaries there too. The
-folders are removed once the step's outputs are in place: until then a step needs about
-twice its outputs' disk. Cleaning and learning BPE start over when interrupted.
+tokenization (:mod:`preprocess.shards`); binarizing keeps its dictionaries there too, and
+the builtin aligner of ``--align-dict`` its trained model and its links (see
+:mod:`preprocess.align`). The folders are removed once the step's outputs are in place:
+until then a step needs about twice its outputs' disk. Cleaning and learning BPE start over
+when interrupted.
 """
 import argparse
 import contextlib

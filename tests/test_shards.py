@@ -1,6 +1,7 @@
-"""Issue 35: a stage of a pipeline step (tokenize, apply BPE, binarize) writes its output in
-shards, and a rerun after a kill reuses the finished ones (preprocess/shards.py), on
-real runs, no mocks: convs2s-prepare killed with SIGKILL, and steps stopped by a real error
+"""Issue 35: a stage of a pipeline step (tokenize, apply BPE, binarize, the builtin aligner's
+decoding) writes its output in shards, and a rerun after a kill reuses the finished ones
+(preprocess/shards.py), on real runs, no mocks: convs2s-prepare and convs2s-align-dict
+killed with SIGKILL, and steps stopped by a real error
 (invalid UTF-8 part-way through the input) in this process. Shards are made small with the
 documented CONVS2S_SHARD_LINES.
 """
@@ -98,6 +99,34 @@ def _killed_after(argv: list, folder: Path, env: dict, stage: str, lines: int) -
     return "".join(log)
 
 
+def _killed_twice_then_finished(argv: list, folder: Path, env: dict, stage: str, output: Path,
+                                file: str = "") -> tuple:
+    """SIGKILL ``argv`` once ``stage`` has done 4 of its LINES // SHARD shards of ``output``
+    (of its input ``file``'s), then again 3 shards into the rerun, then run it to the end;
+    check that each rerun resumes from the finished shards without writing them again.
+    (the first run's log, the second's, the last run's stderr)."""
+    shards = LINES // SHARD
+    # The progress of shard 4 is logged after shard 3 is recorded as finished.
+    first_log = _killed_after(argv, folder, env, stage, 4 * SHARD)
+    first = _finished(output, file)
+    assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
+
+    second_log = _killed_after(argv, folder, env, stage, (len(first) + 3) * SHARD)
+    assert f"{stage}: resuming: {len(first)} of {shards} shards already done" in second_log, \
+        second_log
+    second = _finished(output, file)
+    assert len(first) + 2 <= len(second) < shards, \
+        f"killed too late: {len(second)} of {shards} shards"
+    assert {name: second.get(name) for name in first} == first  # not written again
+
+    done = subprocess.run(argv, cwd=folder, env=env, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{stage}: resuming: {len(second)} of {shards} shards already done" in done.stderr
+    progress = re.findall(rf"{re.escape(stage)}: ([\d,]+)/{LINES:,} ", done.stderr)
+    assert int(progress[0].replace(",", "")) >= len(second) * SHARD  # reused shards are done
+    return first_log, second_log, done.stderr
+
+
 @needs_data
 def test_killed_stage_resumes_from_its_shards(tmp_path):
     """SIGKILL while train.en is tokenized, then again after the rerun has resumed: the
@@ -108,27 +137,8 @@ def test_killed_stage_resumes_from_its_shards(tmp_path):
     env = {**ENV, SHARD_VARIABLE: str(SHARD), "CONVS2S_PROGRESS_SECONDS": "0"}
     argv = command("convs2s-prepare", "-s", "en", "-t", "de", "--trainpref", "train", "-o",
                    "out", "--bpe-merges", 200, "--workers", 2)
-    tok = tmp_path / "out" / "tok" / "train.en"
-    shards = LINES // SHARD
     stage = f"tokenize {tmp_path / 'train.en'}"
-
-    # The progress of shard 4 is logged after shard 3 is recorded as finished.
-    _killed_after(argv, tmp_path, env, stage, 4 * SHARD)
-    first = _finished(tok)
-    assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
-
-    log = _killed_after(argv, tmp_path, env, stage, (len(first) + 3) * SHARD)
-    assert f"{stage}: resuming: {len(first)} of {shards} shards already done" in log, log
-    second = _finished(tok)
-    assert len(first) + 2 <= len(second) < shards, \
-        f"killed too late: {len(second)} of {shards} shards"
-    assert {name: second.get(name) for name in first} == first  # not written again
-
-    done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"{stage}: resuming: {len(second)} of {shards} shards already done" in done.stderr
-    progress = re.findall(rf"{re.escape(stage)}: ([\d,]+)/{LINES:,} lines", done.stderr)
-    assert int(progress[0].replace(",", "")) >= len(second) * SHARD  # reused shards are done
+    _killed_twice_then_finished(argv, tmp_path, env, stage, tmp_path / "out" / "tok" / "train.en")
 
     out = tmp_path / "out"
     assert not list(out.rglob("*.shards")) and not list(out.rglob("*.tmp"))
@@ -179,6 +189,37 @@ def test_killed_binarization_resumes_from_its_dictionaries_and_shards(tmp_path, 
     assert sorted(os.listdir(out / "bin")) == sorted(os.listdir(tmp_path / "plain"))
     for name in os.listdir(tmp_path / "plain"):
         assert (out / "bin" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+
+@needs_data
+def test_killed_alignment_resumes_from_its_model_and_shards(tmp_path):
+    """SIGKILL while the builtin aligner decodes, then again after the rerun has resumed:
+    the rerun loads the trained model instead of training again and reuses the finished
+    shards of links without writing them again, and the run that ends writes what an
+    uninterrupted run writes, with no shard or work folder left."""
+    for lang in ("en", "de"):
+        (tmp_path / f"train.{lang}").write_text("".join(_lines(lang, LINES)), encoding="utf-8")
+    env = {**ENV, SHARD_VARIABLE: str(SHARD), "CONVS2S_PROGRESS_SECONDS": "0"}
+    argv = command("convs2s-align-dict", "--aligner", "builtin", "--src", "train.en", "--tgt",
+                   "train.de", "-o", "align.dict", "--candidates", "candidates", "--workers", 2)
+    first, second, _ = _killed_twice_then_finished(argv, tmp_path, env, "align",
+                                                   tmp_path / "align.dict", "aligner")
+    assert "train fast_align's model: iteration 4" in first, first
+    model = Path(shard_folder(str(tmp_path / "align.dict"))) / "aligner" / "model"
+    assert "train fast_align's model" not in second, second
+    assert f"the model trained by the interrupted run: {model}" in second, second
+    assert not [path for path in tmp_path.iterdir()
+                if path.name.startswith(".") and path.name != ".align.dict.built-from.json"]
+    plain = tmp_path / "plain"  # an uninterrupted run, its links in one shard
+    plain.mkdir()
+    ran = subprocess.run(command("convs2s-align-dict", "--aligner", "builtin", "--src",
+                                 "../train.en", "--tgt", "../train.de", "-o", "align.dict",
+                                 "--candidates", "candidates", "--workers", 2),
+                         cwd=plain, env=ENV, text=True, capture_output=True)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "resuming" not in ran.stderr
+    for name in ("align.dict", "candidates"):
+        assert (tmp_path / name).read_bytes() == (plain / name).read_bytes(), name
 
 
 def _raw_with_bad_line(path: Path, changed_line: str = None) -> Path:
