@@ -502,8 +502,9 @@ def main(argv: Optional[list] = None) -> None:
     except PreprocessError as exc:
         sys.exit(f"error: {exc}")
     except KeyboardInterrupt:
-        sys.exit(f"interrupted: the aligner was stopped and its work folder removed; what the "
-                 f"builtin aligner finished is kept in {shard_folder(args.output)} for a rerun")
+        kept = shard_folder(args.output)
+        sys.exit("interrupted: the aligner was stopped and its work folder removed" + (
+            f"; what it finished is kept in {kept} for a rerun" if os.path.isdir(kept) else ""))
 
 
 if __name__ == "__main__":

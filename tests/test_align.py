@@ -519,6 +519,11 @@ def test_stopped_run_stops_its_aligner_and_removes_its_files(tmp_path, sig, alig
     _kill_and_check_aligner_stops(proc, sig, marker)
     assert proc.returncode != 0
     assert os.listdir(out_dir) == ([".align.dict.shards"] if aligner == "builtin" else [])
+    if sig == signal.SIGINT:  # Ctrl-C: one line, which says where the rerun resumes from
+        kept = f"; what it finished is kept in {out_dir / '.align.dict.shards'} for a rerun"
+        assert (tmp_path / "stderr").read_text().splitlines()[-1] == \
+            "interrupted: the aligner was stopped and its work folder removed" + \
+            (kept if aligner == "builtin" else "")
 
 
 @needs_reference
