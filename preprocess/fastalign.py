@@ -156,7 +156,8 @@ def save_model(folder: str, table: TranslationTable, tension: float) -> None:
     with atomic_outputs([folder]) as (temp,):
         os.makedirs(temp)
         with open(os.path.join(temp, "words.txt"), "w", encoding="utf-8", newline="\n") as f:
-            f.write("\n".join(table.ids))  # words hold no line break: str.split() made them
+            # the words hold no line break: str.split() made them
+            f.write("\n".join(sorted(table.ids, key=table.ids.__getitem__)))
         np.save(os.path.join(temp, "keys.npy"), table.keys)
         np.save(os.path.join(temp, "probs.npy"), table.probs)
         with open(os.path.join(temp, "tension.json"), "w", encoding="utf-8") as f:
@@ -202,7 +203,7 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
     sampled = 0 < sample < total
     missing = UNSEEN_PROBABILITY if sampled else 0.0
     with tempfile.TemporaryDirectory(prefix="fastalign-") as workdir:
-        model = shards and os.path.join(shards.folder, "model")
+        model = os.path.join(shards.folder, "model") if shards else None
         try:
             if model and os.path.isdir(model):
                 logger.info("the model trained by the interrupted run: %s", model)
