@@ -84,7 +84,7 @@ from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map
                        write_partitions)
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
-from .shards import Shards
+from .shards import step_folder
 from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
@@ -425,8 +425,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
     def build(temp_out: str, temp_candidates: Optional[str] = None) -> None:
         step, keep = running_step(temp_out), None
         if step and aligner.name == "builtin":  # its model and links outlive a killed run
-            keep = os.path.join(Shards(shard_folder(step.path), step.derived_from, [],
-                                       "alignment dictionary").folder, "aligner")
+            keep = os.path.join(step_folder(step, "alignment dictionary"), "aligner")
         with work_folder(scratch) as tmp:
             corpus, links = os.path.join(tmp, "corpus"), os.path.join(tmp, "links")
             kept = write_aligner_input(src_path, tgt_path, corpus, processes)

@@ -52,11 +52,11 @@ from collections import Counter, deque
 from operator import itemgetter
 from typing import BinaryIO, Iterable, Iterator, List, Optional
 
-from .atomic import atomic_outputs, running_step, shard_folder
+from .atomic import atomic_outputs, running_step
 from .errors import PreprocessError
 from .parallel import changed_while_read, line_starts, map_batches
 from .progress import Progress
-from .shards import Shards, shard_lines
+from .shards import Shards, shard_lines, step_folder
 from .textio import count_lines, read_lines
 
 logger = logging.getLogger(__name__)
@@ -336,7 +336,7 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
     os.makedirs(destdir, exist_ok=True)
     step, folder = running_step(destdir), None
     if step:  # the dictionaries and shards of an interrupted run are kept in its shard folder
-        folder = Shards(shard_folder(step.path), step.derived_from, [], "binarize").folder
+        folder = step_folder(step, "binarize")
         kept = [os.path.join(folder, f"dict.{lang}.txt") for lang in langs]
     if folder and all(map(os.path.isfile, kept)):
         logger.info("binarize: the dictionaries of the interrupted run: %s", " ".join(kept))

@@ -46,7 +46,6 @@ import gc
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from typing import Optional
@@ -230,9 +229,7 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
                 for index in shards.todo:
                     with shards.writing(index) as (temp, _), open(temp, "wb") as shard:
                         _decode(corpus, groups[index], shard, workdir, workers, progress)
-                for index in range(len(groups)):
-                    with open(shards.path(index), "rb") as shard:
-                        shutil.copyfileobj(shard, out, 1 << 20)
+                shards.join(out)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
         progress.finish()

@@ -304,6 +304,4 @@ def _map_file_in_shards(fn: Callable[[List[str]], List[str]], function: str, in_
                 _map_chunks(fn, in_path, shard_chunks, out, os.path.join(shards.folder, "parts"),
                             workers, progress)
     with open(out_path, "wb") as out:
-        for index in range(len(sizes)):
-            with open(shards.path(index), "rb") as shard:
-                shutil.copyfileobj(shard, out, 1 << 20)
+        shards.join(out)

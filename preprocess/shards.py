@@ -11,17 +11,18 @@ computes the others; any difference discards them all (logged as ``not resuming`
 step removes the folder once its outputs are in place: a stage needs about twice its
 output's disk. A kill loses at most the shards being written.
 
-Tokenizing and applying BPE (:func:`.parallel.map_file`) and binarizing
-(:mod:`.binarize`) shard their input by :func:`shard_lines` lines (1,000,000, or
-``CONVS2S_SHARD_LINES``).
+Tokenizing and applying BPE (:func:`.parallel.map_file`), binarizing (:mod:`.binarize`) and
+the builtin aligner's decoding (:mod:`.fastalign`, in :mod:`.align`'s step) shard their
+input by :func:`shard_lines` lines (1,000,000, or ``CONVS2S_SHARD_LINES``).
 """
 import json
 import logging
 import os
+import shutil
 from contextlib import contextmanager
-from typing import Iterator, List, Tuple
+from typing import BinaryIO, Iterator, List, Tuple
 
-from .atomic import atomic_outputs, remove_path
+from .atomic import StepOutput, atomic_outputs, remove_path, shard_folder
 from .errors import PreprocessError
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,12 @@ class Shards:
                                                "bytes": os.path.getsize(path)}
         self._write_manifest()
 
+    def join(self, out: BinaryIO) -> None:
+        """Append every shard, all finished, to ``out`` in order."""
+        for index in range(len(self.sizes)):
+            with open(self.path(index), "rb") as shard:
+                shutil.copyfileobj(shard, out, 1 << 20)
+
     def _write_manifest(self) -> None:
         with atomic_outputs([os.path.join(self.folder, MANIFEST)]) as (temp,):
             with open(temp, "w", encoding="utf-8") as f:
@@ -126,3 +133,10 @@ class Shards:
                     and os.path.isfile(path) and os.path.getsize(path) == entry.get("bytes"):
                 finished[index] = entry
         return finished
+
+
+def step_folder(step: StepOutput, stage: str) -> str:
+    """The shard folder of the running step's output ``step``, for what a stage keeps there
+    besides shards of lines (binarizing's dictionaries, the aligner's model): emptied unless
+    derived from the step's origin, as shards are."""
+    return Shards(shard_folder(step.path), step.derived_from, [], stage).folder
