@@ -38,10 +38,11 @@ def _lines(lang: str, count: int) -> list:
         return [line for _, line in zip(range(count), f)]
 
 
-def _finished(output: Path, file: str = "") -> dict:
-    """{shard file: (inode, mtime, size)} of the finished shards of ``output``'s stage (of
-    its input ``file``'s, binarizing)."""
-    folder = Path(shard_folder(str(output))) / file
+def _finished(output: Path, subfolder: str = "") -> dict:
+    """{shard file: (inode, mtime, size)} of the finished shards of ``output``'s stage, in
+    ``subfolder`` of its shard folder where it keeps them there (binarizing: one per input
+    file; the aligner: ``aligner``)."""
+    folder = Path(shard_folder(str(output))) / subfolder
     try:
         shards = json.loads((folder / MANIFEST).read_text())["shards"]
     except (OSError, ValueError):
@@ -100,21 +101,21 @@ def _killed_after(argv: list, folder: Path, env: dict, stage: str, lines: int) -
 
 
 def _killed_twice_then_finished(argv: list, folder: Path, env: dict, stage: str, output: Path,
-                                file: str = "") -> tuple:
+                                subfolder: str = "") -> tuple:
     """SIGKILL ``argv`` once ``stage`` has done 4 of its LINES // SHARD shards of ``output``
-    (of its input ``file``'s), then again 3 shards into the rerun, then run it to the end;
+    (in ``subfolder``, see :func:`_finished`), then again 3 shards into the rerun, then run it to the end;
     check that each rerun resumes from the finished shards without writing them again.
     (the first run's log, the second's, the last run's stderr)."""
     shards = LINES // SHARD
     # The progress of shard 4 is logged after shard 3 is recorded as finished.
     first_log = _killed_after(argv, folder, env, stage, 4 * SHARD)
-    first = _finished(output, file)
+    first = _finished(output, subfolder)
     assert 3 <= len(first) < shards, f"killed too late: {len(first)} of {shards} shards"
 
     second_log = _killed_after(argv, folder, env, stage, (len(first) + 3) * SHARD)
     assert f"{stage}: resuming: {len(first)} of {shards} shards already done" in second_log, \
         second_log
-    second = _finished(output, file)
+    second = _finished(output, subfolder)
     assert len(first) + 2 <= len(second) < shards, \
         f"killed too late: {len(second)} of {shards} shards"
     assert {name: second.get(name) for name in first} == first  # not written again
