@@ -1,10 +1,42 @@
 """ConvS2S (Gehring et al., 2017) as a fairseq plugin: `--user-dir "$(convs2s-user-dir)" --task convs2s_translation`."""
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+# The README is the package's long description (an sdist carries it, as it carries LICENSE).
+# A tree copied without it builds with the one-line description alone.
+README = HERE / "README.md"
+# This project has no public home yet: the package names none, and neither does the
+# documentation site (mkdocs.yml has no repo_url). Its URLs are the paper's and fairseq's.
+PROJECT_URLS = {
+    "Paper": "https://arxiv.org/abs/1705.03122",
+    "fairseq": "https://github.com/facebookresearch/fairseq",
+}
 
 setup(
     name="fairseq-convs2s-ext",
     version="0.1.0",
     description="Convolutional Sequence to Sequence Learning (Gehring et al., 2017) for fairseq",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else None,
+    long_description_content_type="text/markdown",
+    author="the fairseq ConvS2S plugin authors",
+    license_expression="MIT",  # SPDX (PEP 639); the text is LICENSE
+    license_files=["LICENSE"],
+    project_urls=PROJECT_URLS,
+    keywords=["fairseq", "convs2s", "machine translation", "sequence to sequence", "convolutional"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Environment :: Console",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Intended Audience :: Science/Research",
+        "Intended Audience :: Developers",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
     python_requires=">=3.9",
     # The repository's folders preprocess/ and recipes/ install under names of their own:
     # a top-level "preprocess" or "recipes" would collide with any other package so named.

@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WIDTH = "100"  # argparse wraps its help to $COLUMNS
+WIDTH = "80"  # argparse wraps its help to $COLUMNS; 80 columns fit the page at 1280 px
 
 
 def console_scripts(setup_py=REPO / "setup.py"):
