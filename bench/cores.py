@@ -25,26 +25,20 @@ import tempfile
 from pathlib import Path
 
 from convs2s_preprocess.atomic import atomic_outputs
+from convs2s_preprocess.host import usable_cores
 from convs2s_recipes.corpora import data_root
 from fairseq_convs2s_ext.hardware import cpu_model
 
-from .scaling import base_pairs, build_corpus, ours
-
-STAGES = ["tokenize", "clean", "learn BPE", "apply BPE", "binarize"]
-
-
-def serial_from_walls(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
-    """Amdahl's serial fraction s from the wall times on ``fewest`` and ``more`` workers."""
-    ratio = wall_fewest / wall_more
-    return (1 / fewest - ratio / more) / (ratio - ratio / more - 1 + 1 / fewest)
+from .scaling import PREPARATION, base_pairs, build_corpus, ours, serial_from_walls
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cores", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=2_000_000, help="pairs (default 2000000)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, os.cpu_count()],
-                        help="worker counts, at least two (default: 2 and the machine's cores)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, usable_cores()],
+                        help="worker counts, at least two (default: 2 and the cores this process "
+                             "may use)")
     parser.add_argument("--merges", type=int, default=40_000, help="BPE merges (default 40000)")
     parser.add_argument("--align", action="store_true", help="also the alignment dictionary")
     parser.add_argument("--workdir", help="where the corpus and outputs go (default: temporary)")
@@ -74,7 +68,7 @@ def main(argv=None) -> None:
     print(f"{machine}; {args.size:,} pairs; wall s / CPU s, peak MiB; speed-up over {counts[0]} "
           "workers; serial fraction")
     print(f"{'stage':>10} " + " ".join(f"{f'{n} workers':>34}" for n in counts))
-    for stage in STAGES + ["align dict"] * args.align:
+    for stage in PREPARATION + ["align dict"] * args.align:
         cells = []
         for workers in counts:
             run = runs[workers].get(stage)

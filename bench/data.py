@@ -12,9 +12,9 @@ the candidates file is built by ``convs2s-align-dict --candidates`` from the tra
 dictionaries were built on (BPE-segmented for ``demo``), also cached and rebuilt when it changes.
 """
 import dataclasses
-import os
 from pathlib import Path
 
+from convs2s_preprocess.host import cache_folder
 from convs2s_recipes.corpora import data_root
 from convs2s_recipes.run import RECIPES, prepare_data
 
@@ -26,8 +26,7 @@ DATASETS = {
 
 
 def cache_root():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "convs2s-bench"
+    return Path(cache_folder("convs2s-bench"))
 
 
 def prepared_folder(name):

@@ -69,7 +69,7 @@ from typing import Optional
 
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.atomic import record_path
-from convs2s_preprocess.parallel import available_cores
+from convs2s_preprocess.host import default_workers, descendants
 from convs2s_preprocess.textio import count_lines
 from convs2s_recipes.corpora import data_root
 
@@ -137,20 +137,6 @@ def build_corpus(pairs: list, size: int, prefix: Path, seed: int = 1) -> None:
 
 # --- measuring a process tree --------------------------------------------------------------
 
-def _children() -> dict:
-    """{pid: [child pids]} of every process now running."""
-    tree = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
 def _memory_kib(pid: int) -> int:
     """Proportional set size of a process (resident size where smaps_rollup is missing)."""
     for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
@@ -165,12 +151,7 @@ def _memory_kib(pid: int) -> int:
 
 
 def tree_memory_kib(root: int) -> int:
-    tree, total, todo = _children(), 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += _memory_kib(pid)
-        todo += tree.get(pid, [])
-    return total
+    return sum(map(_memory_kib, [root, *descendants(root)]))
 
 
 # The end of fast_align's training in an aligner's log, its duration as Progress writes it
@@ -368,18 +349,23 @@ def serial_fraction(stage: str, wall: float, cpu: float, workers: int) -> float:
     return min(1.0, max(0.0, (wall / cpu - 1 / workers) / (1 - 1 / workers)))
 
 
+def serial_from_walls(fewest: int, wall_fewest: float, more: int, wall_more: float) -> float:
+    """Amdahl's serial fraction s from the wall times on ``fewest`` and ``more`` workers."""
+    ratio = wall_fewest / wall_more
+    return (1 / fewest - ratio / more) / (ratio - ratio / more - 1 + 1 / fewest)
+
+
 def measured_serial(path: str) -> dict:
     """{stage: serial fraction} of our stages by bench.cores (its JSON): Amdahl's law read
     from the wall times of its fewest and most workers; the alignment dictionary's in two
     parts, its training and the rest (as :func:`extrapolate` takes them), each read from the
     wall and CPU time of its run on the most workers."""
-    from .cores import STAGES as SCALED, serial_from_walls
     runs = json.loads(Path(path).read_text())["runs"]
     counts = sorted(runs, key=int)
     few, many = counts[0], counts[-1]
     serial = {stage: min(1.0, max(0.0, serial_from_walls(int(few), runs[few][stage]["wall_s"],
                                                          int(many), runs[many][stage]["wall_s"])))
-              for stage in SCALED if stage in runs[few] and stage in runs[many]}
+              for stage in PREPARATION if stage in runs[few] and stage in runs[many]}
     align = runs[many].get("align dict", {})
     if align.get("train_cpu_s") is not None:
         serial["align dict training"] = serial_fraction(
@@ -509,11 +495,14 @@ def plot(runs: dict, extrapolated: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    largest = max(runs, key=int)
+    # per core at the largest size both pipelines ran, so that each legend entry has its bars
+    largest = max([size for size in runs if runs[size].get("reference")] or runs, key=int)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     width = 0.38
     for offset, pipeline, label in ((-width / 2, "ours", "convs2s-prepare"),
                                     (width / 2, "reference", "fairseq's pipeline")):
+        if not runs[largest].get(pipeline):
+            continue
         rates = [int(largest) / runs[largest][pipeline][s]["cpu_s"] if s in runs[largest][pipeline]
                  else 0 for s in STAGES]
         left.bar([i + offset for i in range(len(STAGES))], rates, width, label=label)
@@ -554,7 +543,7 @@ def main(argv=None) -> None:
                         help="corpus sizes in pairs (default 100000 500000); none: only "
                              "extrapolate the runs of --add-runs")
     parser.add_argument("--with-2m", action="store_true", help="also 2,000,000 pairs")
-    parser.add_argument("--workers", type=int, default=available_cores(),
+    parser.add_argument("--workers", type=int, default=default_workers(),
                         help="processes per stage, both pipelines (default: the cores available)")
     parser.add_argument("--merges", type=int, default=40000, help="BPE merges (default 40000)")
     parser.add_argument("--no-align", action="store_true", help="leave the alignment dictionary out")

@@ -1,7 +1,7 @@
 """The attention of every decoder layer that attends, and their average, drawn as heatmaps
 (the figures of ``convs2s-plot-attention``)::
 
-    hub = ConvS2SModel.from_pretrained("checkpoints", data_name_or_path="data/en-de")
+    hub = ConvS2SModel.from_pretrained("checkpoints", data_name_or_path="data")
     figures = plot_attention(hub.layer_attention(source, target), "attention/")
 
 writes ``attention/layerN.png`` for each decoder layer N that attends and
@@ -10,6 +10,8 @@ and unknown-word replacement uses), with the source tokens on the x axis and the
 tokens on the y axis, as the paper's attention figures.
 """
 import os
+
+from convs2s_preprocess.atomic import atomic_file
 
 
 def heatmap(matrix, source_tokens, target_tokens, title):
@@ -40,12 +42,7 @@ def plot_attention(attention, out_dir):
     for name, (matrix, title) in matrices.items():
         path = os.path.join(out_dir, f"{name}.png")
         figure = heatmap(matrix, attention.source_tokens, attention.target_tokens, title)
-        temp = f"{path}.tmp"  # renamed when complete: no half-written picture under the name
-        try:
+        with atomic_file(path) as temp:  # no half-written picture under the name
             figure.savefig(temp, format="png", dpi=100)
-            os.replace(temp, path)
-        finally:
-            if os.path.exists(temp):
-                os.remove(temp)
         figures[path] = figure
     return figures

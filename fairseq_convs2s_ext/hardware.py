@@ -10,13 +10,15 @@ import json
 import logging
 import os
 import platform
-import tempfile
 import time
 from collections import Counter
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from convs2s_preprocess.atomic import atomic_file
+from convs2s_preprocess.host import cache_folder
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +97,7 @@ def cpu_model() -> str:
 
 
 def bf16_cache_file() -> str:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "convs2s", "bf16-probe.json")
+    return os.path.join(cache_folder(), "bf16-probe.json")
 
 
 def model_shapes(model, count: int = 3) -> List[Tuple[int, int]]:
@@ -170,11 +171,8 @@ def measured_bf16(shapes: Sequence[Tuple[int, int]], cache_file: Optional[str] =
         return cached[key]
     cached[key] = probe_bf16(shapes)
     try:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(cache_file), suffix=".tmp", delete=False,
-                                         encoding="utf-8") as f:
+        with atomic_file(cache_file) as temp, open(temp, "w", encoding="utf-8") as f:
             json.dump(cached, f, indent=1)
-        os.replace(f.name, cache_file)
     except OSError as e:  # a read-only home: measured again next time
         logger.warning("could not cache the bf16 probe's figures in %s: %s", cache_file, e)
     return cached[key]

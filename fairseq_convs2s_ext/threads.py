@@ -19,11 +19,12 @@ their child processes use the same count instead of looking again while the reci
 work keeps the cores busy.
 """
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
+
+from convs2s_preprocess.host import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +36,6 @@ LOOK_SECONDS = 0.2  # how long the idle cores are measured: /proc/stat counts in
 class Threads:
     count: int
     why: str  # for the user: where the count comes from, and how to change it
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
-    (``cpu.max``, a container's ``--cpus``)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    return max(1, min(cores, math.floor(quota))) if quota else cores
-
-
-def _cgroup_quota() -> Optional[float]:
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            limit, period = f.read().split()[:2]
-        return None if limit == "max" else int(limit) / int(period)
-    except (OSError, ValueError):
-        return None
 
 
 def _cpu_times() -> Dict[int, tuple]:

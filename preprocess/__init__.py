@@ -16,6 +16,10 @@ Sennrich et al.'s WMT16 pipeline, one concept per module:
 - :mod:`.parallel`    line-by-line stages on every core, in order, in bounded memory
 - :mod:`.shards`      the finished parts of a step's output that a rerun after a kill reuses
 - :mod:`.progress`    a long stage's progress as log lines: rate and time left
+- :mod:`.runtime`     the one parallel runtime: a process pool that ends whatever the load
+                      and whenever a signal arrives
 - :mod:`.processes`   child processes that stop with the command that started them
+- :mod:`.host`        what the machine offers: usable cores, the default worker count, the
+                      cache folder, a process tree (standard library only)
 - :mod:`.postprocess` ``convs2s-postprocess``: remove BPE and detokenize translations
 """

@@ -79,11 +79,12 @@ from typing import Iterable, Iterator, NamedTuple, Optional
 from .atomic import run_step, running_step, shard_folder
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
-from .parallel import (LineChunk, available_cores, line_chunks, map_batches, map_chunks_into,
-                       parallel_chunks, partition_sections, read_chunk, read_section,
-                       write_partitions)
+from .host import default_workers
+from .parallel import (LineChunk, line_chunks, map_chunks_into, parallel_chunks,
+                       partition_sections, read_chunk, read_section, write_partitions)
 from .progress import Progress, relay_log_lines, watching
 from .processes import exit_on_sigterm, process_exists, run_child
+from .runtime import map_batches
 from .shards import step_folder
 from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
 
@@ -445,7 +446,7 @@ def build_align_dict(src_path: str, tgt_path: str, out_path: str, aligner: Align
         train_sample = DEFAULT_TRAIN_SAMPLE if aligner.name == "builtin" else 0
     if tmpdir and not os.path.isdir(tmpdir):
         raise PreprocessError(f"--tmpdir {tmpdir}: no such folder; create it or give another")
-    processes = workers or available_cores()
+    processes = default_workers(workers)
     scratch = os.path.abspath(tmpdir or os.path.dirname(os.path.abspath(out_path)))
     remove_stale_work_folders(scratch)
     outputs = [out_path] if candidates_path is None else [out_path, candidates_path]

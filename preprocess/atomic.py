@@ -47,6 +47,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import time
 from contextlib import contextmanager
@@ -135,6 +136,24 @@ def atomic_outputs(paths: Sequence[str]) -> Iterator[list]:
         if os.path.isdir(path):
             remove_path(path)  # a directory cannot be replaced by rename
         os.replace(temp, path)
+
+
+@contextmanager
+def atomic_file(path: str) -> Iterator[str]:
+    """Yield a temporary name beside ``path``, unique to this call; rename it to ``path``
+    only if the block succeeds, delete it if the block fails. For a file outside a pipeline
+    step that several processes may write at once (a cache, a picture): a fixed temporary
+    name, as :func:`atomic_outputs` uses for a step's outputs under its lock, would let one
+    writer delete or rename another's half-written file."""
+    directory, name = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    temp = os.path.join(directory, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        yield temp
+        os.replace(temp, path)
+    except BaseException:
+        remove_path(temp)
+        raise
 
 
 def require_input(path: str) -> None:

@@ -54,8 +54,9 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional
 
 from .atomic import atomic_outputs, running_step
 from .errors import PreprocessError
-from .parallel import changed_while_read, line_starts, map_batches
+from .parallel import changed_while_read, line_starts
 from .progress import Progress
+from .runtime import map_batches, stopping_deferred
 from .shards import Shards, shard_lines, step_folder
 from .textio import count_lines, read_lines
 
@@ -127,21 +128,16 @@ def build_dictionary(paths: list, nwords: int, workers: int):
     return vocab
 
 
-# The dictionary that _binarize_chunk looks words up in, set before the pool's workers fork,
-# which share it: in each chunk's task this process would pickle it once per chunk (tens of
-# MB for a word-level vocabulary).
-_vocabulary = {"dictionary": None}
-
-
-def _binarize_chunk(task: tuple) -> tuple:
+def _binarize_chunk(vocab, task: tuple) -> tuple:
     """Write the ids of a byte range's lines to ``OUT_PATH`` (a worker's job); return the
     path, the lines' lengths (eos included) and how many words ``<unk>`` replaced, counted
-    as fairseq's binarizer counts them."""
+    as fairseq's binarizer counts them. ``vocab``: the pool's shared state
+    (:func:`.runtime.map_batches`), which the workers get with their fork: pickled with each
+    chunk's task, it would cost tens of MB a chunk for a word-level vocabulary."""
     import numpy as np
     from fairseq.data.indexed_dataset import best_fitting_int_dtype
 
     path, start, end, out_path = task
-    vocab = _vocabulary["dictionary"]
     get, unk, eos = vocab.indices.get, vocab.unk_index, vocab.eos_index
     dtype = best_fitting_int_dtype(len(vocab))
     sizes, replaced = [], 0
@@ -164,15 +160,15 @@ def _binarize_chunk(task: tuple) -> tuple:
     return out_path, np.array(sizes, dtype=np.int32), replaced
 
 
-def _binarized(in_path: str, shards: List[List[tuple]], out_prefix: str,
+def _binarized(vocab, in_path: str, shards: List[List[tuple]], out_prefix: str,
                workers: int) -> Iterator[tuple]:
     """(shard, part file, lengths, words replaced) for every chunk of ``shards`` (lists of
-    byte ranges of ``in_path``), in order: ``workers`` processes write the ids of each chunk
-    to a part file beside ``out_prefix``, which the caller appends and removes."""
+    byte ranges of ``in_path``), in order: ``workers`` processes write the ids in ``vocab``
+    of each chunk to a part file beside ``out_prefix``, which the caller appends and removes."""
     chunks = [(shard, start, end) for shard, ranges in enumerate(shards) for start, end in ranges]
     tasks = [(in_path, start, end, f"{out_prefix}.pt{number}.bin")
              for number, (_, start, end) in enumerate(chunks)]
-    with contextlib.closing(map_batches(_binarize_chunk, tasks, workers)) as results:
+    with contextlib.closing(map_batches(_binarize_chunk, tasks, workers, vocab)) as results:
         for (shard, _, _), result in zip(chunks, results):
             yield (shard, *result)
 
@@ -230,25 +226,21 @@ def binarize_file(vocab, in_path: str, out_prefix: str, workers: int,
                                               index_file_path)
 
     stage = f"binarize {in_path}"
-    _vocabulary["dictionary"] = vocab
-    try:
-        if shards_in is None:
-            progress = Progress(stage, count_lines(in_path), unit="lines")
-            results = _binarized(in_path, [_chunks(in_path, workers)], out_prefix, workers)
-            with contextlib.closing(results), open(data_file_path(out_prefix), "wb") as out:
-                sizes, replaced = _append_parts(results, out, progress)
-        else:
-            progress, sizes, replaced = _binarize_in_shards(in_path, out_prefix, workers, stage,
-                                                            shards_in, derived_from)
-    finally:
-        _vocabulary["dictionary"] = None
+    if shards_in is None:
+        progress = Progress(stage, count_lines(in_path), unit="lines")
+        results = _binarized(vocab, in_path, [_chunks(in_path, workers)], out_prefix, workers)
+        with contextlib.closing(results), open(data_file_path(out_prefix), "wb") as out:
+            sizes, replaced = _append_parts(results, out, progress)
+    else:
+        progress, sizes, replaced = _binarize_in_shards(vocab, in_path, out_prefix, workers,
+                                                        stage, shards_in, derived_from)
     write_index(index_file_path(out_prefix), best_fitting_int_dtype(len(vocab)), sizes)
     progress.finish()
     return _summary(vocab, progress.total, sum(int(s.sum()) for s in sizes), replaced)
 
 
-def _binarize_in_shards(in_path: str, out_prefix: str, workers: int, stage: str, folder: str,
-                        derived_from: dict) -> tuple:
+def _binarize_in_shards(vocab, in_path: str, out_prefix: str, workers: int, stage: str,
+                        folder: str, derived_from: dict) -> tuple:
     """Binarize the shards of ``in_path`` not yet finished in ``folder``, each a shard file
     of the ids then the lines' lengths (int32), and put the ``.bin`` together from them;
     (the progress, every shard's lengths, the words replaced)."""
@@ -264,7 +256,7 @@ def _binarize_in_shards(in_path: str, out_prefix: str, workers: int, stage: str,
     progress.resume(shards.lines_done)
     todo = shards.todo
     chunks = [_chunks(in_path, workers, start=starts[index], end=ends[index]) for index in todo]
-    with contextlib.closing(_binarized(in_path, chunks, out_prefix, workers)) as results:
+    with contextlib.closing(_binarized(vocab, in_path, chunks, out_prefix, workers)) as results:
         for index, (_, shard_chunks) in zip(todo, itertools.groupby(results, key=itemgetter(0))):
             with shards.writing(index) as (temp, entry), open(temp, "wb") as out:
                 shard_sizes, entry["replaced"] = _append_parts(shard_chunks, out, progress)
@@ -322,7 +314,8 @@ def binarize(destdir: str, src_lang: str, tgt_lang: str, trainpref: Optional[str
     word-level models (-1 keeps every word). Where ``destdir`` is the output of a running
     step, in shards that a rerun reuses (see the module's documentation).
     """
-    from fairseq.data import Dictionary
+    with stopping_deferred():  # Ctrl-C in torch's import would abort, not be one line
+        from fairseq.data import Dictionary
 
     langs = (src_lang, tgt_lang)
     prefixes = {"train": trainpref, "valid": validpref, "test": testpref}

@@ -22,11 +22,11 @@ from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair
 
 from .atomic import remove_path
 from .errors import PreprocessError
-from .parallel import (LineChunk, batched, line_chunks, map_batches, map_file, partition_sections,
-                       read_chunk, read_section, write_partitions)
-from .processes import answer, servers, tell
+from .parallel import (LineChunk, batched, line_chunks, map_file, partition_sections, read_chunk,
+                       read_section, write_partitions)
 from .progress import Progress
-from .textio import count_lines, decode_line, in_sample, map_lines
+from .runtime import map_batches, servers
+from .textio import count_lines, decode_line, in_sample
 
 DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
@@ -214,13 +214,15 @@ def _merge(pair: tuple, vocab: list, indices: dict) -> dict:
 
 def _serve_words(conn) -> None:
     """A worker of :class:`WordShards`: its words, then their pair frequencies, then each
-    merge's changes to them."""
+    merge's changes to them, until it is sent None (at once where it got no shard)."""
     vocab = conn.recv()
+    if vocab is None:
+        return
     stats, indices = get_pair_statistics(vocab)
     conn.send(dict(stats))
     del stats
-    while True:
-        conn.send(dict(_merge(conn.recv(), vocab, indices)))
+    while (pair := conn.recv()) is not None:
+        conn.send(dict(_merge(pair, vocab, indices)))
 
 
 def _summed(frequencies: list) -> defaultdict:
@@ -234,7 +236,7 @@ def _summed(frequencies: list) -> defaultdict:
 
 class WordShards:
     """The words of the vocabulary dealt out to this process and the workers at the other
-    end of ``connections`` (:func:`.processes.servers` running :func:`_serve_words`): each
+    end of ``connections`` (:func:`.runtime.servers` running :func:`_serve_words`): each
     merge is made in every shard at once, and the changes to the pair frequencies are
     summed. Merging in the words and finding those changes is four fifths of subword-nmt's
     learning time; the sums are of integers, so the frequencies are the same for any number
@@ -247,20 +249,20 @@ class WordShards:
         count = max(1, min(len(connections) + 1, len(vocab) // SHARD_WORDS))
         self.connections = connections[:count - 1]
         for k, conn in enumerate(self.connections, 1):
-            tell(conn, vocab[k::count], "learn BPE")  # as many frequent words in each shard
+            conn.send(vocab[k::count])  # as many frequent words in each shard
         self.vocab = vocab[::count]
 
     def statistics(self) -> defaultdict:
         """subword-nmt's ``get_pair_statistics``'s frequencies of every shard's pairs."""
         stats, self.indices = get_pair_statistics(self.vocab)
-        return _summed([stats, *(answer(conn, "learn BPE") for conn in self.connections)])
+        return _summed([stats, *(conn.recv() for conn in self.connections)])
 
     def merge(self, pair: tuple) -> defaultdict:
         """Merge ``pair`` in every shard: the changes to the pair frequencies."""
         for conn in self.connections:
-            tell(conn, pair, "learn BPE")
+            conn.send(pair)
         here = _merge(pair, self.vocab, self.indices)
-        return _summed([here, *(answer(conn, "learn BPE") for conn in self.connections)])
+        return _summed([here, *(conn.recv() for conn in self.connections)])
 
 
 def learn_merges(counts: Counter, codes, merges: int, min_frequency: int = 2, connections: Sequence = ()) -> None:
@@ -322,7 +324,7 @@ def learn_joint_bpe(train_paths: Sequence[str], codes_path: str, merges: int = D
     changes in the segmented text is measured by ``python -m bench.sampling`` (the
     performance page).
     """
-    with servers(_serve_words, workers - 1) as connections, \
+    with servers(_serve_words, workers - 1, "learn BPE") as connections, \
             open(codes_path, "w", encoding="utf-8") as codes:
         learn_merges(count_bounded_words(train_paths, workers, sample, max_words), codes, merges,
                      connections=connections)
@@ -449,22 +451,16 @@ class SplitWords(NamedTuple):
         return words
 
 
-# What :func:`_segment_known` looks words up in: the SplitWords of the file, with the codes
-# it comes from. Set before the pool's workers fork, which share it; a functools.partial
-# holding it would be pickled with every chunk.
-_known = {"codes": None, "split": None}
-
-
-def _segment_known(lines: list, codes_path: str) -> list:
-    """``BPE.segment(line)`` of each of ``lines``, whose words are in ``_known``."""
-    if _known["codes"] != codes_path:
-        raise RuntimeError(f"no segmentations of words with {codes_path} in this process")
+def _segment_known(split: SplitWords, lines: list) -> list:
+    """``BPE.segment(line)`` of each of ``lines``, whose words ``split`` holds: the pools'
+    shared state (:func:`.runtime.map_batches`), which the workers get with their fork, not
+    pickled with every chunk."""
     # two spaces in a row, or an empty line: subword-nmt skips the empty words
     lines_words = ([word for word in words if word] if "" in words else words
                    for words in map(_words, lines))
     segmented = []
     for batch in batched(lines_words, SEGMENT_BATCH_LINES):
-        units, start = _known["split"].segment(list(itertools.chain.from_iterable(batch))), 0
+        units, start = split.segment(list(itertools.chain.from_iterable(batch))), 0
         for words in batch:
             segmented.append(" ".join(units[start:start + len(words)]))
             start += len(words)
@@ -537,12 +533,9 @@ def apply_bpe_file(codes_path: str, in_path: str, out_path: str, workers: int = 
         folder = os.path.join(os.path.dirname(os.path.abspath(out_path)),
                               f".{os.path.basename(out_path)}.words")
         split = segment_distinct_words(codes_path, in_path, folder, workers)
-        _known.update(codes=codes_path, split=split)
-        fn = functools.partial(_segment_known, codes_path=codes_path)
-        return map_file(fn, in_path, out_path, workers, stage=f"apply BPE to {in_path}",
-                        chunked=True)
+        return map_file(_segment_known, in_path, out_path, workers,
+                        stage=f"apply BPE to {in_path}", chunked=True, shared=split)
     finally:
-        _known.update(codes=None, split=None)
         _load_codes.cache_clear()
 
 
@@ -553,4 +546,4 @@ def remove_bpe(line: str) -> str:
 
 def remove_bpe_file(in_path: str, out_path: str) -> int:
     """:func:`remove_bpe` on every line of ``in_path``; return the number of lines."""
-    return map_lines(remove_bpe, in_path, out_path)
+    return map_file(remove_bpe, in_path, out_path, stage=f"remove BPE from {in_path}")

@@ -126,20 +126,18 @@ def forward_links(pairs: list, table: TranslationTable, tension: float, settings
     return [" ".join(line) for line in links]
 
 
-# What the decoding workers read, set before they are forked (and so shared, not copied).
-_decoder = {}
-
-
-def _decode_chunk(chunk: LineChunk, parts: list) -> None:
+def _decode_chunk(decoder: dict, chunk: LineChunk, parts: list) -> None:
     """Write the links of the corpus' ``chunk`` to ``parts[0]``, decoding at most
-    :data:`DECODE_SCORES` scores at a time (one pair, whatever its size, for a long pair)."""
+    :data:`DECODE_SCORES` scores at a time (one pair, whatever its size, for a long pair).
+    ``decoder``: the corpus and the model, the pool's shared state, which the workers get
+    with their fork (shared pages, not copies: :func:`.runtime.map_batches`)."""
     with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
         def decode(pairs: list) -> None:
-            out.write("".join(links + "\n" for links in forward_links(pairs, **_decoder["model"])))
+            out.write("".join(links + "\n" for links in forward_links(pairs, **decoder["model"])))
 
         pairs, scores = [], 0
-        for number, line in enumerate(read_chunk(_decoder["corpus"], chunk, 0), chunk.first):
-            source, target = corpus_pair(line, _decoder["corpus"], number)
+        for number, line in enumerate(read_chunk(decoder["corpus"], chunk, 0), chunk.first):
+            source, target = corpus_pair(line, decoder["corpus"], number)
             if pairs and scores + (len(source) + 1) * len(target) > DECODE_SCORES:
                 decode(pairs)
                 pairs, scores = [], 0
@@ -173,11 +171,12 @@ def load_model(folder: str) -> tuple:
                             np.load(os.path.join(folder, "probs.npy"))), tension
 
 
-def _decode(corpus: str, chunks: list, out, workdir: str, workers: int, progress: Progress) -> None:
-    """Write the links of ``chunks`` of ``corpus`` to ``out``, decoded in ``workers``
-    processes with the model in ``_decoder``."""
+def _decode(decoder: dict, chunks: list, out, workdir: str, workers: int,
+            progress: Progress) -> None:
+    """Write the links of ``chunks`` of ``decoder["corpus"]`` to ``out``, decoded in
+    ``workers`` processes with ``decoder["model"]``."""
     for chunk, _ in map_chunks_into(_decode_chunk, chunks, [out], os.path.join(workdir, "parts"),
-                                    workers):
+                                    workers, decoder):
         progress.update(chunk.lines)
 
 
@@ -218,17 +217,17 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
                 table, tension = train(training, workdir, settings, workers)
                 if model:
                     save_model(model, table, tension)
-            _decoder.update(corpus=corpus, model=dict(table=table, tension=tension,
-                                                      settings=settings, missing=missing))
+            decoder = dict(corpus=corpus, model=dict(table=table, tension=tension,
+                                                     settings=settings, missing=missing))
             gc.freeze()  # the table's objects stay shared with the workers: no collection writes them
             progress = Progress("align", total, unit="pairs", log=logger)
             if shards is None:
-                _decode(corpus, chunks, out, workdir, workers, progress)
+                _decode(decoder, chunks, out, workdir, workers, progress)
             else:
                 progress.resume(shards.lines_done)
                 for index in shards.todo:
                     with shards.writing(index) as (temp, _), open(temp, "wb") as shard:
-                        _decode(corpus, groups[index], shard, workdir, workers, progress)
+                        _decode(decoder, groups[index], shard, workdir, workers, progress)
                 shards.join(out)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None

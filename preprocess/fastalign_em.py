@@ -58,8 +58,9 @@ from typing import Iterable, List, NamedTuple, Tuple
 
 import numpy as np
 
-from .parallel import LineChunk, line_chunks, map_batches, read_chunk
+from .parallel import LineChunk, line_chunks, read_chunk
 from .progress import Progress
+from .runtime import map_batches
 
 logger = logging.getLogger(__name__)
 
@@ -248,17 +249,18 @@ def corpus_pair(line: bytes, corpus: str, number: int) -> Tuple[list, list]:
     return source, target
 
 
-# What the workers read, set before they are forked (and so shared, not copied).
-_shared = {}
+# The workers' functions below take ``shared`` first: what :func:`train` has made so far (the
+# corpus, the work folder, the settings, the chunks, the table's keys, the tension), the
+# pools' shared state, which each pool's workers get with their fork (shared pages, not
+# copies: :func:`.runtime.map_batches`).
+
+def _path(shared: dict, index: int, name: str) -> str:
+    return os.path.join(shared["workdir"], f"{index:06d}.{name}.npy")
 
 
-def _path(index: int, name: str) -> str:
-    return os.path.join(_shared["workdir"], f"{index:06d}.{name}.npy")
-
-
-def _read(chunk: LineChunk) -> tuple:
+def _read(shared: dict, chunk: LineChunk) -> tuple:
     """A chunk's words (in the order first met) and its pairs in ids of those words."""
-    corpus = _shared["corpus"]
+    corpus = shared["corpus"]
     words, n, m, source, target = {}, [], [], [], []
     for number, line in enumerate(read_chunk(corpus, chunk, 0), chunk.first):
         src, tgt = corpus_pair(line, corpus, number)
@@ -270,18 +272,18 @@ def _read(chunk: LineChunk) -> tuple:
     return list(words), Chunk(as_ids(n), as_ids(m), as_ids(source), as_ids(target))
 
 
-def _word_pairs(index: int) -> None:
+def _word_pairs(shared: dict, index: int) -> None:
     """A chunk's distinct word pairs, sorted, to its ``distinct`` file; where each column's
     NULL pair and then each cell's pair is among them to its ``where`` file."""
-    chunk = _shared["chunks"][index]
+    chunk = shared["chunks"][index]
     cells = cells_of(chunk)
     first_source = np.cumsum(chunk.n.astype(np.int64)) - chunk.n
     f = chunk.target.astype(np.int64)
     e = chunk.source[first_source[cells.pair][cells.column] + cells.i - 1].astype(np.int64)
     distinct, where = np.unique(np.concatenate([(1 << 32) | f, (e << 32) | f[cells.column]]),
                                 return_inverse=True)
-    np.save(_path(index, "where"), where.astype(np.int32))
-    np.save(_path(index, "distinct"), distinct)
+    np.save(_path(shared, index, "where"), where.astype(np.int32))
+    np.save(_path(shared, index, "distinct"), distinct)
 
 
 def _merged(runs: List[np.ndarray]) -> np.ndarray:
@@ -292,29 +294,29 @@ def _merged(runs: List[np.ndarray]) -> np.ndarray:
     return keys[np.append(True, keys[1:] != keys[:-1])]
 
 
-def _place(index: int) -> None:
+def _place(shared: dict, index: int) -> None:
     """A chunk's distinct word pairs' entries in the table, ascending, to its ``at`` file."""
-    keys = _shared["keys"]
-    at = np.searchsorted(keys, np.load(_path(index, "distinct")))
-    np.save(_path(index, "at"), at.astype(np.min_scalar_type(len(keys))))
-    os.remove(_path(index, "distinct"))
+    keys = shared["keys"]
+    at = np.searchsorted(keys, np.load(_path(shared, index, "distinct")))
+    np.save(_path(shared, index, "at"), at.astype(np.min_scalar_type(len(keys))))
+    os.remove(_path(shared, index, "distinct"))
 
 
-def _probs(mode: str) -> np.ndarray:
+def _probs(shared: dict, mode: str) -> np.ndarray:
     """t(f|e), in the work folder's ``probs.npy``."""
-    return np.load(os.path.join(_shared["workdir"], "probs.npy"), mmap_mode=mode)
+    return np.load(os.path.join(shared["workdir"], "probs.npy"), mmap_mode=mode)
 
 
-def _expect(index: int) -> tuple:
+def _expect(shared: dict, index: int) -> tuple:
     """The E-step on a chunk: its expected counts, summed per distinct word pair in the
     chunk's order, to its ``counts`` file; (NULL's posterior mass, the posterior al-feat,
     the log-likelihood)."""
-    cells, settings = cells_of(_shared["chunks"][index]), _shared["settings"]
-    at, where = np.load(_path(index, "at")), np.load(_path(index, "where"))
-    t = _probs("r")[at] if _shared["trained"] else np.full(len(at), UNINITIALIZED)
+    cells, settings = cells_of(shared["chunks"][index]), shared["settings"]
+    at, where = np.load(_path(shared, index, "at")), np.load(_path(shared, index, "where"))
+    t = _probs(shared, "r")[at] if shared["trained"] else np.full(len(at), UNINITIALIZED)
     columns = len(cells.j)
     if settings.favor_diagonal:
-        prior = diagonal_prior(cells.j, cells.m, cells.n, cells.column, cells.i, _shared["tension"])
+        prior = diagonal_prior(cells.j, cells.m, cells.n, cells.column, cells.i, shared["tension"])
         null = t[where[:columns]] * PROB_ALIGN_NULL
     else:
         prior = 1.0 / (cells.n[cells.column] + 1)
@@ -322,7 +324,7 @@ def _expect(index: int) -> tuple:
     scores = t[where[columns:]] * prior
     total = null + np.add.reduceat(scores, cells.starts)
     posterior = scores / total[cells.column]
-    np.save(_path(index, "counts"), np.bincount(
+    np.save(_path(shared, index, "counts"), np.bincount(
         where, weights=np.concatenate([null / total, posterior]), minlength=len(at)))
     # fast_align's posterior al-feat takes j from 0 (its loop index), the prior from 1
     al_feat = feature(cells.j[cells.column] - 1, cells.i, cells.m[cells.column],
@@ -330,19 +332,19 @@ def _expect(index: int) -> tuple:
     return (null / total).sum(), (al_feat * posterior).sum(), np.log(total).sum()
 
 
-def _maximize(rows: Tuple[int, int]) -> None:
+def _maximize(shared: dict, rows: Tuple[int, int]) -> None:
     """The M-step on a range of the table's rows (entries ``rows[0]`` to ``rows[1]``): the
     chunks' counts added in chunk order, then t(f|e) row by row."""
     low, high = rows
     counts = np.zeros(high - low)
-    for index in range(len(_shared["chunks"])):
-        at = np.load(_path(index, "at"), mmap_mode="r")
+    for index in range(len(shared["chunks"])):
+        at = np.load(_path(shared, index, "at"), mmap_mode="r")
         first, last = np.searchsorted(at, [low, high])
-        counts[at[first:last] - low] += np.load(_path(index, "counts"), mmap_mode="r")[first:last]
-    keys = _shared["keys"][low:high]
+        counts[at[first:last] - low] += np.load(_path(shared, index, "counts"), mmap_mode="r")[first:last]
+    keys = shared["keys"][low:high]
     starts = np.flatnonzero(np.diff(keys >> 32, prepend=-1))
     length = np.diff(np.append(starts, len(keys)))
-    if _shared["settings"].variational_bayes:
+    if shared["settings"].variational_bayes:
         total = np.add.reduceat(counts + ALPHA, starts)
         total[total == 0] = 1
         probs = np.exp(digamma(counts + ALPHA) - np.repeat(digamma(total), length))
@@ -350,7 +352,7 @@ def _maximize(rows: Tuple[int, int]) -> None:
         total = np.add.reduceat(counts, starts)
         total[total == 0] = 1
         probs = counts / np.repeat(total, length)
-    _probs("r+")[low:high] = probs
+    _probs(shared, "r+")[low:high] = probs
 
 
 def _row_ranges(keys: np.ndarray, count: int) -> List[Tuple[int, int]]:
@@ -391,27 +393,27 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
     progress = Progress("train fast_align's model", (PASSES + 2) * total, unit="pair passes",
                         log=logger)
     workdir = tempfile.mkdtemp(prefix="fastalign-em-", dir=workdir)
-    _shared.update(corpus=corpus, workdir=workdir, settings=settings, trained=False,
-                   tension=INITIAL_TENSION)
+    shared = dict(corpus=corpus, workdir=workdir, settings=settings, trained=False,
+                  tension=INITIAL_TENSION)
     try:
         ids, read = {NULL: 1}, []
-        for words, chunk in map_batches(_read, chunks, workers):
+        for words, chunk in map_batches(_read, chunks, workers, shared):
             local = np.fromiter((ids.setdefault(word, len(ids) + 1) for word in words),
                                 dtype=np.int32, count=len(words))
             read += pieces(chunk._replace(source=local[chunk.source], target=local[chunk.target]),
                            CHUNK_CELLS)
             progress.update(len(chunk.m))
-        _shared["chunks"] = read
+        shared["chunks"] = read
 
         keys, pending = np.zeros(0, dtype=np.int64), []
-        for index, _ in enumerate(map_batches(_word_pairs, range(len(read)), workers)):
-            pending.append(np.load(_path(index, "distinct")))
+        for index, _ in enumerate(map_batches(_word_pairs, range(len(read)), workers, shared)):
+            pending.append(np.load(_path(shared, index, "distinct")))
             if sum(map(len, pending)) > len(keys) + (1 << 24):
                 keys, pending = _merged([keys, *pending]), []
             progress.update(len(read[index].m))
-        _shared["keys"] = keys = _merged([keys, *pending])
+        shared["keys"] = keys = _merged([keys, *pending])
         del pending
-        list(map_batches(_place, range(len(read)), workers))
+        list(map_batches(_place, range(len(read)), workers, shared))
         np.lib.format.open_memmap(os.path.join(workdir, "probs.npy"), "w+", np.float64,
                                   (len(keys),))
         ranges = _row_ranges(keys, RANGES_PER_WORKER * workers)
@@ -424,7 +426,7 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
 
         for number in range(1, PASSES + 1):
             null_mass = al_feat = likelihood = 0.0
-            sums = map_batches(_expect, range(len(read)), workers)
+            sums = map_batches(_expect, range(len(read)), workers, shared)
             for index, (c0, feat, loglik) in enumerate(sums):
                 null_mass, al_feat, likelihood = null_mass + c0, al_feat + feat, likelihood + loglik
                 progress.update(len(read[index].m))
@@ -433,14 +435,13 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
                        f"{likelihood:g}, posterior p0 {null_mass / tokens:g}, posterior "
                        f"al-feat {al_feat:g}")
             if settings.favor_diagonal and settings.optimize_tension and number > 1:
-                _shared["tension"] = _optimize_tension(_shared["tension"], al_feat, lengths, tokens)
-                message += f", final tension {_shared['tension']:g}"
+                shared["tension"] = _optimize_tension(shared["tension"], al_feat, lengths, tokens)
+                message += f", final tension {shared['tension']:g}"
             logger.info(message)
-            list(map_batches(_maximize, ranges, workers))
-            _shared["trained"] = True
+            list(map_batches(_maximize, ranges, workers, shared))
+            shared["trained"] = True
         progress.finish()
         logger.info("train fast_align's model: %.1f CPU seconds", _cpu_seconds() - cpu)
-        return TranslationTable(ids, keys, np.array(_probs("r"))), _shared["tension"]
+        return TranslationTable(ids, keys, np.array(_probs(shared, "r"))), shared["tension"]
     finally:
-        _shared.clear()
         shutil.rmtree(workdir)

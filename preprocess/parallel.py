@@ -5,37 +5,33 @@ treat each line on their own. Handing every line to the workers would keep this 
 busier than they are (on 16 cores that held tokenizing to 3.1 times the speed of 2 workers,
 bench/cores.py), so this process only finds where every so many lines of the files begin
 (:func:`line_chunks`, a scan of newlines), and each worker reads its chunk of the files
-itself (:func:`read_chunk`); what it makes goes back as its result (:func:`map_batches`) or
+itself (:func:`read_chunk`); what it makes goes back as its result (:func:`.runtime.map_batches`) or
 to part files that this process appends to the outputs in order (:func:`map_chunks_into`,
 which :func:`map_file` uses). What must be gathered by key over every chunk (the distinct
 words to segment, the aligner's links to count) a chunk's worker writes to a file in
 partitions (:func:`write_partitions`), and one worker a partition then reads its sections
 of every chunk's file (:func:`partition_sections`, :func:`read_section`). At most a few
-chunks or batches per worker are in flight: memory does not grow with the corpus
-(``multiprocessing.Pool.imap`` would read the whole input ahead into its queue).
-
-``--workers`` defaults to :func:`available_cores`: the cores this process may run on
-(``os.sched_getaffinity``, which a batch scheduler's CPU set limits), not the machine's.
+chunks or batches per worker are in flight: memory does not
+grow with the corpus (``multiprocessing.Pool.imap`` would read the whole input ahead into its
+queue).
 
 Shards: where ``map_file``'s output is an output of a pipeline step, it is written in shards
 of :func:`.shards.shard_lines` input lines that a rerun after a kill reuses
 (:mod:`.shards`), each shard's chunks shared by the workers. Outside a step (nothing would
 reuse them) the output is written directly.
 """
-import collections
 import contextlib
 import functools
 import itertools
 import logging
-import multiprocessing
 import os
 import shutil
 from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .atomic import StepOutput, remove_path, running_step, shard_folder
 from .errors import PreprocessError
-from .processes import worker_pool
 from .progress import Progress
+from .runtime import map_batches
 from .shards import Shards, shard_lines
 from .textio import check_parallel, count_lines, decode_line
 
@@ -45,15 +41,6 @@ logger = logging.getLogger(__name__)
 MAP_CHUNK_LINES = 10_000
 # Bytes read at a time when scanning a file for where its chunks begin.
 SCAN_BYTES = 1 << 20
-# Batches in flight per worker: enough that no worker waits for the next one.
-IN_FLIGHT_PER_WORKER = 3
-
-def available_cores() -> int:
-    """The number of cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def batched(items: Iterable, size: int) -> Iterator[list]:
@@ -61,31 +48,6 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
     iterator = iter(items)
     while batch := list(itertools.islice(iterator, size)):
         yield batch
-
-
-def _context():
-    """Forked workers: they share what this process holds (the aligner's table), which
-    Python 3.14's default on Linux, forkserver, would not give them."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else None)
-
-
-def map_batches(fn: Callable[[list], object], batches: Iterable[list], workers: int) -> Iterator:
-    """``fn(batch)`` for every batch, in order, computed by ``workers`` processes.
-
-    ``fn`` must be picklable (a module-level function or a ``functools.partial`` of one).
-    """
-    if workers <= 1:
-        yield from map(fn, batches)
-        return
-    with worker_pool(workers, _context()) as pool:
-        pending = collections.deque()
-        for batch in batches:
-            pending.append(pool.apply_async(fn, (batch,)))
-            if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
 
 
 class LineChunk(NamedTuple):
@@ -151,20 +113,22 @@ def read_chunk(path: str, chunk: LineChunk, file: int) -> Iterator[bytes]:
         yield from itertools.islice(f, chunk.lines)
 
 
-def map_chunks_into(fn: Callable[[LineChunk, List[str]], object], chunks: Sequence[LineChunk],
-                    outputs: Sequence[BinaryIO], folder: str, workers: int) -> Iterator[tuple]:
+def map_chunks_into(fn: Callable[..., object], chunks: Sequence[LineChunk],
+                    outputs: Sequence[BinaryIO], folder: str, workers: int,
+                    shared=None) -> Iterator[tuple]:
     """(chunk, ``fn(chunk, parts)``) for every chunk, in order, computed by ``workers``
     processes: ``fn`` writes one part file for each of ``outputs``, in ``folder``, which this
     process appends to the outputs, in order, and removes. The folder is made anew (a killed
     run's is removed first), holds the parts in flight at most, and is removed at the end,
-    or when the caller stops early or fails. ``fn``: as for :func:`map_batches`."""
+    or when the caller stops early or fails. ``fn`` and ``shared`` (``fn(shared, chunk,
+    parts)`` where given): as for :func:`.runtime.map_batches`."""
     def parts(chunk: LineChunk) -> List[str]:
         return [os.path.join(folder, f"{chunk.index:06d}.{i}") for i in range(len(outputs))]
 
     remove_path(folder)
     os.makedirs(folder)
     results = map_batches(_chunk_task, [(fn, chunk, parts(chunk)) for chunk in chunks],
-                          min(workers, len(chunks)))
+                          min(workers, len(chunks)), shared)
     try:
         with contextlib.closing(results):
             for chunk, result in zip(chunks, results):
@@ -205,30 +169,34 @@ def read_section(path: str, start: int, end: int) -> str:
         return f.read(end - start).decode("utf-8")
 
 
-def _chunk_task(task: tuple) -> object:
-    fn, chunk, parts = task
-    return fn(chunk, parts)
+# The functions below take a pool's shared state where there is one (``*shared``: nothing or
+# it) and hand it on to the function they call, first.
+
+def _chunk_task(*args) -> object:
+    *shared, (fn, chunk, parts) = args
+    return fn(*shared, chunk, parts)
 
 
-def _each(fn: Callable[[str], str], lines: List[str]) -> List[str]:
-    return list(map(fn, lines))
+def _each(fn: Callable[..., str], *args) -> List[str]:
+    *shared, lines = args
+    return [fn(*shared, line) for line in lines]
 
 
-def _map_chunk(fn: Callable[[List[str]], List[str]], in_path: str, chunk: LineChunk,
-               parts: List[str]) -> int:
+def _map_chunk(fn: Callable[..., List[str]], in_path: str, *args) -> int:
     """``fn(lines)`` of the lines of ``chunk`` of ``in_path``, written to ``parts[0]``; the
     number of lines read."""
+    *shared, chunk, parts = args
     lines = [decode_line(raw, in_path, number)
              for number, raw in enumerate(read_chunk(in_path, chunk, 0), chunk.first)]
     with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
-        out.writelines(line + "\n" for line in fn(lines))
+        out.writelines(line + "\n" for line in fn(*shared, lines))
     return len(lines)
 
 
-def _map_chunks(fn: Callable[[List[str]], List[str]], in_path: str, chunks: List[LineChunk],
-                out: BinaryIO, folder: str, workers: int, progress: Progress) -> None:
+def _map_chunks(fn: Callable[..., List[str]], in_path: str, chunks: List[LineChunk],
+                out: BinaryIO, folder: str, workers: int, progress: Progress, shared) -> None:
     task = functools.partial(_map_chunk, fn, in_path)
-    for chunk, lines in map_chunks_into(task, chunks, [out], folder, workers):
+    for chunk, lines in map_chunks_into(task, chunks, [out], folder, workers, shared):
         if lines < chunk.lines:
             raise changed_while_read(in_path, progress.total)
         progress.update(lines)
@@ -254,11 +222,12 @@ def parts_folder(path: str) -> str:
 
 
 def map_file(fn: Callable, in_path: str, out_path: str, workers: int = 1,
-             stage: Optional[str] = None, chunked: bool = False) -> int:
+             stage: Optional[str] = None, chunked: bool = False, shared=None) -> int:
     """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order, ``fn``
     applied in ``workers`` processes that each read, map and write chunks of the file
     (:func:`map_chunks_into`); return the number of lines. ``chunked``: ``fn`` maps a
-    chunk's lines (a list of :data:`MAP_CHUNK_LINES` or fewer) to theirs at once. Logs
+    chunk's lines (a list of :data:`MAP_CHUNK_LINES` or fewer) to theirs at once.
+    ``shared``: the workers' state, passed to ``fn`` first (:func:`.runtime.map_batches`). Logs
     ``stage``'s progress in lines. Where ``out_path`` is an output of a running step, in
     shards that a rerun reuses (see the module's documentation)."""
     total = count_lines(in_path)
@@ -266,11 +235,13 @@ def map_file(fn: Callable, in_path: str, out_path: str, workers: int = 1,
     step = running_step(out_path)
     chunk_fn = fn if chunked else functools.partial(_each, fn)
     if step is not None:
-        _map_file_in_shards(chunk_fn, describe(fn), in_path, out_path, workers, progress, step)
+        _map_file_in_shards(chunk_fn, describe(fn), in_path, out_path, workers, progress, step,
+                            shared)
     else:
         (chunks,) = _chunks_of(in_path, total, [(0, total)])
         with open(out_path, "wb") as out:
-            _map_chunks(chunk_fn, in_path, chunks, out, parts_folder(out_path), workers, progress)
+            _map_chunks(chunk_fn, in_path, chunks, out, parts_folder(out_path), workers, progress,
+                        shared)
     progress.finish()
     return progress.done
 
@@ -289,8 +260,9 @@ def changed_while_read(path: str, total: int) -> PreprocessError:
                            "make sure nothing writes it, and run the command again")
 
 
-def _map_file_in_shards(fn: Callable[[List[str]], List[str]], function: str, in_path: str,
-                        out_path: str, workers: int, progress: Progress, step: StepOutput) -> None:
+def _map_file_in_shards(fn: Callable[..., List[str]], function: str, in_path: str,
+                        out_path: str, workers: int, progress: Progress, step: StepOutput,
+                        shared) -> None:
     size, total = shard_lines(), progress.total
     sizes = [min(size, total - start) for start in range(0, total, size)]
     shards = Shards(shard_folder(step.path), {"input": step.sha256(in_path), "function": function,
@@ -302,6 +274,6 @@ def _map_file_in_shards(fn: Callable[[List[str]], List[str]], function: str, in_
         with shards.writing(index) as (temp, _):
             with open(temp, "wb") as out:
                 _map_chunks(fn, in_path, shard_chunks, out, os.path.join(shards.folder, "parts"),
-                            workers, progress)
+                            workers, progress, shared)
     with open(out_path, "wb") as out:
         shards.join(out)

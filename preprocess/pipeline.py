@@ -66,8 +66,9 @@ from .bpe import DEFAULT_MAX_WORDS, DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_fi
 from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
 from .locking import output_lock
-from .parallel import available_cores
-from .processes import beside, exit_on_sigterm
+from .host import default_workers
+from .processes import exit_on_sigterm
+from .runtime import beside
 from .textio import check_parallel, sample_option
 from .tokenize import tokenize_file
 
@@ -122,7 +123,7 @@ def prepare(outdir: str, src_lang: str, tgt_lang: str, trainpref: str,
     that is binarized, beside the steps after it, the aligner's work folder in ``tmpdir``
     (default: ``outdir``).
     """
-    workers = workers or available_cores()
+    workers = default_workers(workers)
     aligner = find_aligner() if align_dict else None  # none installed: said before any work
     if tmpdir and not os.path.isdir(tmpdir):
         raise PreprocessError(f"--tmpdir {tmpdir}: no such folder; create it or give another")

@@ -5,13 +5,10 @@ aligned with line N of the other (the layout of the WMT data, Sennrich's WMT16 s
 ``fairseq-preprocess``).
 """
 import os
-from typing import Callable, Iterable, Iterator
+import re
+from typing import Iterable, Iterator, NamedTuple
 
 from .errors import PreprocessError
-from .processes import worker_pool
-
-# Lines handed to a worker process at a time when a file is mapped in parallel.
-CHUNK_LINES = 2000
 
 
 def read_lines(path: str) -> Iterator[str]:
@@ -37,6 +34,55 @@ def decode_line(raw: bytes, path: str, number: int) -> str:
             f"`iconv -f ISO-8859-1 -t UTF-8 {path} > {path}.utf8` (use the file's real "
             "encoding), or remove that line from both sides of the corpus."
         ) from None
+
+
+# The control characters of C0 that are not whitespace to str.split: Moses' tokenizer deletes
+# them, gluing the words they separated ("Mann\0mit\0Hut" became "MannmitHut"). Whitespace
+# (tab, \x1c-\x1f) already separates words; DEL and C1 (a cp1252 dash read as Latin-1 in
+# newstest2014.fr: "pompiers\x96 qui") it keeps as tokens of their own, which glue nothing, and
+# so they are left as Moses leaves them (real text keeps Moses' output, byte for byte).
+CONTROL = re.compile("[\x00-\x08\x0e-\x1b]")
+CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0e, 0x1c)])  # the same, in UTF-8
+BOM = "\ufeff"
+# Either, or a byte-order mark at a line's start (in a block of whole lines).
+SCRUBBED = re.compile(b"[\x00-\x08\x0e-\x1b]|(?:^|(?<=\n))\xef\xbb\xbf")
+
+
+def scrub(line: str) -> str:
+    """``line`` with each control character a space and a leading byte-order mark removed (it
+    would become part of the first word); a printable line, which holds neither, unchanged."""
+    if line.isprintable():
+        return line
+    return CONTROL.sub(" ", line[1:] if line.startswith(BOM) else line)
+
+
+class Scrubbed(NamedTuple):
+    """What :func:`scrub` changes in a file: control characters, byte-order marks, the first
+    line changed (0: none)."""
+    controls: int
+    marks: int
+    first_line: int
+
+
+def scrubbed(path: str, block_bytes: int = 1 << 24) -> Scrubbed:
+    """Count what :func:`scrub` changes in the UTF-8 file ``path``, reading its bytes in blocks
+    cut after a line, so that a character or a line's start is never split."""
+    controls = marks = first = lines_before = 0
+    bom = BOM.encode("utf-8")
+    rest = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(block_bytes)
+            data = rest + block
+            end = data.rfind(b"\n") + 1 if block else len(data)
+            chunk, rest = data[:end], data[end:]  # chunk: whole lines
+            found = len(chunk) - len(chunk.translate(None, CONTROL_BYTES))
+            found_marks = chunk.startswith(bom) + chunk.count(b"\n" + bom)
+            if (found or found_marks) and not first:
+                first = lines_before + chunk.count(b"\n", 0, SCRUBBED.search(chunk).start()) + 1
+            controls, marks, lines_before = controls + found, marks + found_marks, lines_before + chunk.count(b"\n")
+            if not block:
+                return Scrubbed(controls, marks, first)
 
 
 def write_lines(path: str, lines: Iterable[str]) -> int:
@@ -87,15 +133,3 @@ def check_parallel(src_path: str, tgt_path: str) -> int:
         )
     return src_count
 
-
-def map_lines(fn: Callable[[str], str], in_path: str, out_path: str, workers: int = 1) -> int:
-    """Write ``fn(line)`` for every line of ``in_path`` to ``out_path``, in order.
-
-    With ``workers > 1`` the lines are processed by a process pool (``fn`` must be
-    picklable, e.g. a module-level function or a ``functools.partial`` of one).
-    """
-    lines = read_lines(in_path)
-    if workers <= 1:
-        return write_lines(out_path, map(fn, lines))
-    with worker_pool(workers) as pool:
-        return write_lines(out_path, pool.imap(fn, lines, chunksize=CHUNK_LINES))

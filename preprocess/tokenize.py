@@ -14,6 +14,7 @@ German 16.1, 3.3 and 10.3; French 20.8, 3.4 and 12.5; best of 3 on an AMD EPYC s
 other work), and a file's lines go to every core in batches (:mod:`.parallel`).
 """
 import functools
+import logging
 import re
 
 try:  # the parser that re.compile uses
@@ -27,7 +28,9 @@ from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
 from .parallel import map_file
 from .romanian import normalize_romanian_line
-from .textio import map_lines
+from .textio import scrub, scrubbed
+
+logger = logging.getLogger(__name__)
 
 
 def _parse(pattern: str, flags: int):
@@ -369,8 +372,9 @@ def detokenize(line: str, lang: str) -> str:
 
 
 def normalize_and_tokenize(line: str, lang: str, romanian: bool = False) -> str:
-    """The WMT16 per-line chain; ``romanian`` adds the Romanian normalization steps."""
-    line = normalize_punctuation(line, lang)
+    """The WMT16 per-line chain, after :func:`.textio.scrub` (control characters become spaces,
+    a leading byte-order mark goes); ``romanian`` adds the Romanian normalization steps."""
+    line = normalize_punctuation(scrub(line), lang)
     if romanian:
         line = normalize_romanian_line(line)
     return tokenize(line, lang)
@@ -378,11 +382,19 @@ def normalize_and_tokenize(line: str, lang: str, romanian: bool = False) -> str:
 
 def tokenize_file(in_path: str, out_path: str, lang: str, romanian: bool = False,
                   workers: int = 1) -> int:
-    """Normalize and tokenize every line of ``in_path``; return the number of lines."""
+    """Normalize and tokenize every line of ``in_path``; return the number of lines. Logs how
+    many control characters became spaces and byte-order marks were removed."""
     fn = functools.partial(normalize_and_tokenize, lang=lang, romanian=romanian)
-    return map_file(fn, in_path, out_path, workers, stage=f"tokenize {in_path}")
+    lines = map_file(fn, in_path, out_path, workers, stage=f"tokenize {in_path}")
+    found = scrubbed(in_path)
+    if found.controls or found.marks:
+        logger.warning(f"tokenize {in_path}: {found.controls} control characters (NUL, ...) became spaces, "
+                       f"{found.marks} byte-order marks at the start of a line were removed (the first: line "
+                       f"{found.first_line})")
+    return lines
 
 
 def detokenize_file(in_path: str, out_path: str, lang: str, workers: int = 1) -> int:
     """Detokenize every line of ``in_path``; return the number of lines."""
-    return map_lines(functools.partial(detokenize, lang=lang), in_path, out_path, workers)
+    return map_file(functools.partial(detokenize, lang=lang), in_path, out_path, workers,
+                    stage=f"detokenize {in_path}")

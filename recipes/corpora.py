@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import sacrebleu.utils
 
 from convs2s_preprocess.atomic import atomic_outputs
+from convs2s_preprocess.host import cache_folder
 
 from .download import REMEDY, DownloadError, fetch, mirrored, sha256_of
 
@@ -37,8 +38,7 @@ def data_root() -> str:
     shared = os.path.abspath(os.path.join(os.pardir, "shared", "data"))
     if os.path.isdir(shared):
         return shared
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "convs2s")
+    return cache_folder()
 
 
 # SHA-256 of the files the demo and the default tests read, as they land in the data folder

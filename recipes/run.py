@@ -229,8 +229,9 @@ def run(name, data_dir, work, threads, smoke=False, backtranslation=True, overri
             raise SystemExit(f"error: no smoke mode for {name}; smoke runs exist for {', '.join(SMOKE)}")
         recipe = replace(recipe, **SMOKE[name])
         overrides = SMOKE_OVERRIDES + overrides
-    experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation,
-                                                               workers=threads.count)
+    # workers: convs2s-prepare's default (convs2s_preprocess.host.default_workers), not the
+    # threads chosen for torch: processes do not wait on each other at every operation
+    experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation)
     align_dict = unknown_words.align_dictionary(prepared, experiment, work) if recipe.replace_unk else None
     checkpoint = train(recipe, data_bin, work, overrides)
     hypotheses, output = generate(recipe, data_bin, checkpoint, work, threads)

@@ -21,7 +21,7 @@ from subword_nmt.learn_bpe import learn_bpe
 from conftest import DATA
 from convs2s_preprocess import bpe
 from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
-from convs2s_preprocess.processes import descendants
+from convs2s_preprocess.host import descendants
 from faults import ENV
 
 MULTI30K = DATA / "multi30k"

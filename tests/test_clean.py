@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from convs2s_preprocess import clean, parallel, progress
+from convs2s_preprocess import clean, parallel, progress, runtime
 from convs2s_preprocess.clean import clean_corpus, keep_pair
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import check_parallel, read_lines
@@ -126,7 +126,7 @@ def test_parts_are_deleted_as_they_are_appended(tmp_path, monkeypatch, caplog):
         run(src, tgt, 2)
     finally:
         logging.getLogger(progress.__name__).removeHandler(handler)
-    assert len(parts) > 500 and max(parts) <= 2 * 2 * parallel.IN_FLIGHT_PER_WORKER
+    assert len(parts) > 500 and max(parts) <= 2 * 2 * runtime.IN_FLIGHT_PER_WORKER
 
 
 def first_error(src: Path, tgt: Path) -> str:

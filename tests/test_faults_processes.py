@@ -111,16 +111,20 @@ run.generate(run.RECIPES["multi30k-demo"], "data-bin", {str(tmp_path / "checkpoi
 
 def test_pool_workers_leave_ctrl_c_to_the_command_and_die_of_sigterm():
     """The workers of a command that turns SIGTERM into cleanup (exit_on_sigterm) ignore
-    Ctrl-C, which the command answers, and die of SIGTERM by the kernel's default action:
-    with the inherited Python handler, a SIGTERM from Pool.terminate that arrives just before
-    a worker waits for its next batch goes unnoticed, and the command waited for ever (seen
-    on a rerun of convs2s-prepare)."""
-    from convs2s_preprocess.processes import exit_on_sigterm, worker_pool
+    Ctrl-C, which the command answers, die of SIGTERM by the kernel's default action, and
+    start with neither signal blocked: a worker that kept the inherited Python handler could
+    lose a SIGTERM sent while it started, and Pool.terminate then waited for ever (seen on a
+    rerun of convs2s-prepare); runtime blocks both across the fork until they are reset."""
+    from convs2s_preprocess.processes import exit_on_sigterm
+    from convs2s_preprocess.runtime import worker_pool
     before = signal.getsignal(signal.SIGTERM)
     exit_on_sigterm()
     try:
         with worker_pool(2) as pool:
-            dispositions = [pool.apply(signal.getsignal, (sig,)) for sig in (signal.SIGINT, signal.SIGTERM)]
+            dispositions = [pool.submit(signal.getsignal, sig).result() for sig in (signal.SIGINT, signal.SIGTERM)]
+            blocked = pool.submit(signal.pthread_sigmask, signal.SIG_BLOCK, []).result()
+        assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}
     finally:
         signal.signal(signal.SIGTERM, before)
     assert dispositions == [signal.SIG_IGN, signal.SIG_DFL]
+    assert not blocked & {signal.SIGINT, signal.SIGTERM}

@@ -30,7 +30,7 @@ from sacremoses import MosesTokenizer
 from convs2s_preprocess.bpe import apply_bpe, learn_joint_bpe, remove_bpe
 from convs2s_preprocess.clean import keep_pair
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.textio import count_lines, map_lines, read_lines, write_lines
+from convs2s_preprocess.textio import count_lines, read_lines, write_lines
 from convs2s_preprocess.tokenize import detokenize, normalize_and_tokenize, tokenize, tokenize_file
 
 EXAMPLES = [pytest.param(40, id="few"), pytest.param(1000, id="many", marks=pytest.mark.slow)]
@@ -152,7 +152,7 @@ def test_reading_and_mapping_a_large_file_is_streamed(tmp_path):
     tracemalloc.start()
     try:
         assert count_lines(str(path)) == 60_000
-        assert map_lines(str.upper, str(path), str(tmp_path / "upper")) == 60_000
+        assert write_lines(str(tmp_path / "upper"), map(str.upper, read_lines(str(path)))) == 60_000
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from bench.cores import serial_from_walls
 from bench.scaling import (FIXED_PAIRS, SERIAL, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, measured_serial,
-                           measure, ours, totals, training_seconds, _with_earlier)
+                           measure, ours, serial_from_walls, totals, training_seconds, _with_earlier)
 from conftest import DATA, ROOT
 from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
 from convs2s_preprocess.progress import Progress

@@ -28,6 +28,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from convs2s_preprocess.atomic import atomic_file
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("top_log_probs.cpp")
@@ -122,9 +124,8 @@ def _source_in(build: Path) -> Path:
     source = build / SOURCE.name
     text = SOURCE.read_bytes()
     if not source.is_file() or source.read_bytes() != text:
-        temp = source.with_suffix(".tmp")
-        temp.write_bytes(text)
-        os.replace(temp, source)
+        with atomic_file(str(source)) as temp:  # another process may be compiling it too
+            Path(temp).write_bytes(text)
     return source
 
 
