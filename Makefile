@@ -36,7 +36,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
-	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align,docs]"
+	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align,docs,bench]"
 	$(PY) -c "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s'); \
 		from fairseq_convs2s_ext.generation import top_log_probs; top_log_probs.load()"
 	touch $@

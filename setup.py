@@ -71,6 +71,8 @@ setup(
         "align": ["eflomal"],
         # ROUGE for the Gigaword summarization recipe.
         "gigaword": ["rouge-score"],
+        # The serving benchmark's peer (python -m bench.serving): CTranslate2 and its fairseq converter.
+        "bench": ["ctranslate2>=4.8.5"],
         # The documentation site (make docs; tests/test_docs.py builds it with --strict).
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9", "mkdocstrings[python]>=0.25"],
     },

@@ -7,7 +7,8 @@ torch's safe ``weights_only`` unpickler while refusing any whose configuration c
 code (see :mod:`.checkpoints`). Imported by one of fairseq's commands as its ``--user-dir``,
 it also reports a checkpoint or file that cannot be used in one line instead of a traceback
 (see :mod:`.excepthook`), chooses torch's CPU threads (:mod:`.threads`), repairs fairseq's
-logging and, with ``--help``, prints the options of the chosen task and architecture
+logging and makes it readable (:mod:`.quiet`; fairseq-train saves its configuration beside
+the checkpoints) and, with ``--help``, prints the options of the chosen task and architecture
 (:mod:`.cli.fairseq_help`); imported into any other program, it changes none of these.
 """
 import os
@@ -19,7 +20,7 @@ _ROOT_LOGGING = root_logging()  # before fairseq is imported: see .quiet
 from .checkpoints import allow_fairseq_checkpoints  # noqa: E402
 from .excepthook import install_excepthook, runs_fairseq_command  # noqa: E402
 from .hydra_configs import register_base_config  # noqa: E402
-from .quiet import filter_warnings, repair_fairseq_logging, undo_fairseq_basic_config  # noqa: E402
+from .quiet import filter_warnings, readable_fairseq_logs, repair_fairseq_logging, undo_fairseq_basic_config  # noqa: E402,E501
 from .threads import apply_to_command as choose_command_threads  # noqa: E402
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))  # this package's folder: fairseq's --user-dir
@@ -30,6 +31,7 @@ filter_warnings()  # only those the user can do nothing about (see .quiet)
 if runs_fairseq_command():
     install_excepthook()
     repair_fairseq_logging()
+    readable_fairseq_logs()  # the configuration readable (and saved by fairseq-train), no per-batch lines
     choose_command_threads()  # no more threads than idle cores, or OMP_NUM_THREADS (see .threads)
 
 from . import criterions, models, tasks  # noqa: E402  (registers with fairseq)

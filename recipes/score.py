@@ -24,6 +24,20 @@ def check_counts(hypotheses, references, hyp_source, ref_source):
         )
 
 
+def read_lines(path, f):
+    """The lines of ``f`` (bytes; ``path`` names it), each without its newline; a ScoreError
+    naming the file and the line where one is not UTF-8 (Python's names neither)."""
+    lines = []
+    for number, raw in enumerate(f, 1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\n"))
+        except UnicodeDecodeError as e:
+            raise ScoreError(f"{path}: line {number} is not UTF-8 ({e.reason} at byte {e.start} of the line: "
+                             f"{raw[e.start:e.start + 4]!r}): convert the file, e.g. iconv -f ISO-8859-1 -t UTF-8 "
+                             f"(with its real encoding)") from None
+    return lines
+
+
 def bleu(hypotheses, references, tokenized=False):
     """sacreBLEU; ``tokenized=True`` scores Moses-tokenized text as is (multi-bleu.perl's
     tokenized BLEU, which the paper reports for WMT'14)."""
@@ -83,21 +97,25 @@ def main(argv=None):
                    help="score tokenized text as is (multi-bleu.perl's tokenized BLEU) instead of sacreBLEU's 13a")
     args = p.parse_args(argv)
     try:
-        with open(args.ref, encoding="utf-8") as f:
-            references = [line.rstrip("\n") for line in f]
+        with open(args.ref, "rb") as f:
+            references = read_lines(args.ref, f)
         if args.sys == "-":
-            lines = list(sys.stdin)
+            lines = read_lines("stdin", sys.stdin.buffer)
         else:
-            with open(args.sys, encoding="utf-8") as f:
-                lines = list(f)
+            with open(args.sys, "rb") as f:
+                lines = read_lines(args.sys, f)
+        if not lines:
+            raise ScoreError(f"{'stdin' if args.sys == '-' else args.sys}: empty, no translations: did the "
+                             f"generation fail? (see its log)")
         hypotheses = generated_hypotheses(lines)
         if hypotheses is None:
-            hypotheses = [line.rstrip("\n") for line in lines]
+            hypotheses = lines
         if args.detokenize:
             hypotheses = [postprocess(h, args.detokenize) for h in hypotheses]
         check_counts(hypotheses, references, args.sys, args.ref)
-    except (OSError, UnicodeDecodeError, ScoreError) as e:
-        print(f"convs2s-score: error: {e}", file=sys.stderr)
+    except (OSError, ScoreError) as e:
+        message = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else e
+        print(f"convs2s-score: error: {message}", file=sys.stderr)
         return 1
     result = bleu(hypotheses, references, tokenized=args.tokenized)
     print(result["text"])

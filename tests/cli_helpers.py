@@ -2,7 +2,7 @@
 import re
 import subprocess
 
-from conftest import BIN, ROOT
+from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from convs2s_recipes.settings import fairseq_options, training_config
 
 # The paper's optimizer, schedule, clipping and loss settings (recipes/configs/paper.yaml), as
@@ -14,7 +14,7 @@ def run(tool, *args, cwd=ROOT, check=True, input=None):
     """Run `tool` (a fairseq-* or convs2s-* command); return its combined output."""
     proc = subprocess.run(
         [str(BIN / tool), *map(str, args)], cwd=cwd, input=input, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=COMMAND_TIMEOUT,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-6000:]}")

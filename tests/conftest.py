@@ -17,6 +17,8 @@ MULTI30K = corpora.EXPERIMENTS["multi30k-en-de"]
 TEST_CORPORA = (*MULTI30K.train, MULTI30K.valid, MULTI30K.test,
                 *SMOKE_EN_RO.train, SMOKE_EN_RO.valid, SMOKE_EN_RO.test)
 BIN = Path(sys.executable).parent  # the virtual environment's fairseq-* commands
+# The longest any one command a test starts may take (a command that hangs fails the test).
+COMMAND_TIMEOUT = 900
 
 
 def pytest_sessionstart(session):

@@ -101,3 +101,28 @@ def test_vocabulary_selection_s_bad_file_or_option_is_one_line(small_bin, checkp
                 f"the candidates alone, or a number of clusters")
     assert expected in output.stdout, output.stdout[-3000:]
     assert "Traceback" not in output.stdout
+
+
+@pytest.fixture(scope="module")
+def hub(small_bin, checkpoint):
+    from fairseq_convs2s_ext.models import ConvS2SModel
+
+    return ConvS2SModel.from_pretrained(str(checkpoint.parent), checkpoint_file=checkpoint.name,
+                                        data_name_or_path=str(small_bin), task="convs2s_translation")
+
+
+@pytest.mark.parametrize("sentences, message", [
+    (b"a dog runs .", "not bytes: decode it first, e.g. sentences.decode('utf-8')"),
+    (["a dog runs .", None], ": sentences[1] is NoneType, not str"),
+    (("a dog runs .", b"a cat"), ": sentences[1] is bytes, not str"),
+    (42, "not int"),
+], ids=["bytes", "None in a list", "bytes in a tuple", "int"])
+@pytest.mark.parametrize("method", ["translate", "sample"])
+def test_the_hub_takes_a_str_or_a_list_of_str_only(hub, sentences, message, method):
+    """fairseq's hub would translate each byte of a bytes object as a sentence, and None as a word."""
+    with pytest.raises(TypeError) as raised:
+        getattr(hub, method)(sentences)
+    separator = ", " if message.startswith("not") else ""
+    assert str(raised.value) == f"translate/sample take a str or a list of str{separator}{message}"
+    assert isinstance(hub.translate("a dog runs ."), str)
+    assert [type(t) for t in hub.translate(["a dog runs .", ""])] == [str, str]

@@ -235,7 +235,7 @@ def test_errors_name_the_file(tmp_path, capsys):
     torch.save(good, tmp_path / "good.pt")
     truncated = (tmp_path / "good.pt").read_bytes()[:5000]
     os.remove(tmp_path / "good.pt")
-    assert "corrupt" in error(truncated)
+    assert "cut short" in error(truncated)
     assert "bzip2" in error(b"BZh91AY&SY" + bytes(100))
     assert "not a fairseq checkpoint" in error({"weights": torch.zeros(2)})
     assert "not an fconv checkpoint" in error(dict(good, cfg={"model": argparse.Namespace(arch="transformer")}))

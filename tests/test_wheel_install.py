@@ -53,9 +53,8 @@ class Installed:
 def _build_wheel(base):
     source = base / "source"
     source.mkdir()
-    shutil.copy(ROOT / "setup.py", source)
-    if (ROOT / "MANIFEST.in").exists():
-        shutil.copy(ROOT / "MANIFEST.in", source)
+    for name in ("setup.py", "MANIFEST.in", "README.md", "LICENSE", "CITATION.cff"):  # what an sdist carries
+        shutil.copy(ROOT / name, source)
     for name in PACKAGES:
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

@@ -13,8 +13,15 @@ the plugin is imported by one of these commands with ``-h``/``--help`` on its co
 :func:`print_complete_help` builds the command's parser with fairseq's own functions, adds
 the options exactly as the second parse would (the same registries and ``add_args``), prints
 the help and exits, as argparse does for ``--help``.
+
+The same parse answers a mistyped ``--arch`` or ``--task`` (:func:`refuse_unknown_choices`):
+fairseq's parser would print its whole usage and every name it has (hundreds of
+architectures); here, argparse's error line with the registered names closest to the one
+given, as a spelling checker would (``did you mean convs2s_iwslt_de_en?``).
 """
 import argparse
+import difflib
+import os
 import sys
 
 from ..excepthook import fairseq_command
@@ -66,10 +73,45 @@ def complete_parser(command: str, argv) -> argparse.ArgumentParser:
     return parser
 
 
+def closest(name: str, names) -> list:
+    """Up to 3 of ``names`` closest to ``name``: first those of the same words between
+    underscores in another order (``convs2s_iwslt_en_de`` for ``convs2s_iwslt_de_en``: a
+    language pair swapped), then difflib's closest by spelling."""
+    words = sorted(name.split("_"))
+    reordered = [n for n in names if sorted(n.split("_")) == words]
+    return (reordered + [n for n in difflib.get_close_matches(name, names, n=3) if n not in reordered])[:3]
+
+
+def refuse_unknown_choices(command: str, argv) -> None:
+    """A ``--task`` (or, in fairseq-train, ``--arch``) that fairseq has not registered: argparse's
+    error line with the closest registered names, and exit 2 as argparse does."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    chosen = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    chosen.add_argument("--task")
+    chosen.add_argument("--arch", "-a")
+    args, _ = chosen.parse_known_args(argv)
+    given = [("--task", args.task, TASK_REGISTRY)]
+    if command == "train":  # the only command whose parser has --arch
+        given.append(("--arch/-a", args.arch, ARCH_MODEL_REGISTRY))
+    for flag, name, registry in given:
+        if name is not None and name not in registry:
+            close = closest(name, list(registry))
+            others = f" (or {', '.join(close[1:])})" if close[1:] else ""
+            hint = f"; did you mean {close[0]}{others}?" if close else f" (see {flag.split('/')[0]} in --help)"
+            print(f"{os.path.basename(sys.argv[0])}: error: argument {flag}: invalid choice: {name!r}{hint}",
+                  file=sys.stderr)
+            sys.exit(2)
+
+
 def print_complete_help(argv=None) -> None:
-    """In a fairseq command asked for ``--help``: print the complete help and exit 0."""
+    """In a fairseq command: a mistyped ``--task`` or ``--arch`` is refused in one line
+    (:func:`refuse_unknown_choices`); asked for ``--help``, print the complete help and exit 0."""
     argv = sys.argv[1:] if argv is None else argv
     command = fairseq_command()
+    if command in PARSERS:
+        refuse_unknown_choices(command, argv)
     if command in PARSERS and asks_for_help(argv):
         complete_parser(command, argv).print_help()
         sys.exit(0)

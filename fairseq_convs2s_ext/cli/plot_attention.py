@@ -1,7 +1,7 @@
 """``convs2s-plot-attention``: the attention of every decoder layer for a sentence pair, drawn
 (:mod:`..attention_plot`).
 
-    convs2s-plot-attention --path checkpoints/checkpoint_best.pt --data data/en-de \\
+    convs2s-plot-attention --path checkpoints/checkpoint_best.pt --data data \\
         --source "Two dogs play in the snow." --target "Zwei Hunde spielen im Schnee." -o attention/
 
 writes ``attention/layerN.png`` for each decoder layer N that attends and

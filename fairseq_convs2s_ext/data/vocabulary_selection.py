@@ -83,7 +83,8 @@ def read_candidates(path: str, src_dict, tgt_dict, top_aligned: int):
     (a special symbol, a candidate anyway); int32, as wide as the longest row. And how often
     each target id is aligned, summed over all of the file's pairs."""
     if not os.path.isfile(path):
-        raise CandidatesFileError(f"{path}: no such file; write it with convs2s-align-dict "
+        what = "a folder, not a file" if os.path.isdir(path) else "no such file"
+        raise CandidatesFileError(f"{path}: {what}; write it with convs2s-align-dict "
                                   f"--candidates {path} on the training text")
     rows = {}
     target_counts = [0] * len(tgt_dict)

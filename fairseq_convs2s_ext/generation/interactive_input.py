@@ -9,10 +9,16 @@ them do not pass on:
 - each buffer's lines, so that an input line longer than the model takes is reported on
   stderr with its number and skipped, and the lines after it are translated (fairseq would
   stop at it with a traceback);
+- how many input lines were not UTF-8: fairseq-interactive reads stdin as Python does under a
+  UTF-8 locale, each byte that is not UTF-8 a lone surrogate, which makes its word ``<unk>``
+  without a word said; they are counted, and the count is said in one line on stderr as
+  the command ends (a file given with ``--input`` that is not UTF-8 stops fairseq with an
+  error, reported by the excepthook);
 - with unknown-word replacement, the encoded text of each batch as it is collated, which
   reaches the replacement instead of the ids fairseq rebuilds its source string from (where
   every unknown word reads ``<unk>``; its S- lines still do).
 """
+import atexit
 import sys
 from collections import deque
 
@@ -27,6 +33,7 @@ class InteractiveInput:
         self.buffer = None  # (token tensors, encoded lines, input lines) of the current buffer
         self.lines_before = 0  # input lines before the current buffer
         self.collated = deque()  # batches collated and not yet translated
+        self.not_utf8 = []  # (line number, first byte not UTF-8) of each such input line
 
     def read(self, lines, encode_fn, tokens_and_lengths):
         """The tokens and lengths of a buffer of input ``lines``, encoded by ``encode_fn``
@@ -34,10 +41,29 @@ class InteractiveInput:
         buffer's lines are kept."""
         if self.buffer is not None:
             self.lines_before += len(self.buffer[2])
+        self._count_not_utf8(lines)
         encoded = [encode_fn(line) for line in lines]
         tokens, lengths = tokens_and_lengths(encoded, lambda line: line)
         self.buffer = (tokens, encoded, list(lines))
         return tokens, lengths
+
+    def _count_not_utf8(self, lines):
+        """Record the lines holding a byte that was not UTF-8; the first has the count said at exit."""
+        for index, line in enumerate(lines):
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError as e:  # a lone surrogate: a byte of stdin that was not UTF-8
+                if not self.not_utf8:
+                    atexit.register(self.report_not_utf8)
+                self.not_utf8.append((self.lines_before + index + 1, ord(line[e.start]) - 0xDC00))
+
+    def report_not_utf8(self):
+        """Say on stderr how many input lines were not UTF-8, and what to do."""
+        (first, byte), count = self.not_utf8[0], len(self.not_utf8)
+        print(f"fairseq-interactive: warning: {count} input line{'s were' if count > 1 else ' was'} not UTF-8 "
+              f"(the first: line {first}, byte {byte:#04x}): their words outside UTF-8 were read as <unk>; give "
+              f"UTF-8 input, e.g. convert it with iconv -f ISO-8859-1 -t UTF-8 (from its real encoding)",
+              file=sys.stderr)
 
     def dataset(self, dataset, src_tokens, with_text: bool):
         """``dataset`` built of ``src_tokens``: if they are the current buffer's, it knows its

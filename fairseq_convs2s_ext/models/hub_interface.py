@@ -1,7 +1,7 @@
 """``ConvS2SModel.from_pretrained``: translate raw sentences from Python.
 
     from fairseq_convs2s_ext import ConvS2SModel
-    hub = ConvS2SModel.from_pretrained("checkpoints", data_name_or_path="data/en-de")
+    hub = ConvS2SModel.from_pretrained("checkpoints", data_name_or_path="data")
     hub.translate("A dog runs through the snow.", beam=5)
     hub.translate(["A dog runs.", "Two men talk."], beam=5, nbest=3)   # 3 hypotheses each
     hub.translate("A dog runs.", replace_unk="align.dict")               # word-level models
@@ -36,8 +36,13 @@ What the interface adds to fairseq's:
 - whatever task the checkpoint was trained with, an empty sentence translates as empty (not
   an invented sentence) and one longer than the model takes raises a ValueError saying so
   (fairseq's exception names a command-line option);
+- ``translate``/``sample`` take a str or a list of str and raise a TypeError for anything
+  else, where fairseq's would translate each byte of a ``bytes`` and ``None`` as a word;
 - ``layer_attention``: each decoder layer's attention for a sentence pair, and their
-  average (drawn by ``convs2s-plot-attention``, :mod:`..cli.plot_attention`).
+  average (drawn by ``convs2s-plot-attention``, :mod:`..cli.plot_attention`);
+- ``quantize="int8"`` (given to ``from_pretrained``): the decoders' linear layers multiply in
+  int8 on a CPU (:mod:`..generation.quantization`), whatever task the checkpoint was trained
+  with (fairseq would pass an unknown option on to a task that may not have it).
 """
 import contextlib
 import os
@@ -52,6 +57,7 @@ from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPEConfig
 from fairseq.tokenizer import tokenize_line
 from omegaconf import OmegaConf, open_dict
 
+from ..generation.quantization import check_mode, quantize_
 from ..generation.unknown_words import hypothesis_words, read_align_dict
 from ..quiet import at_debug
 
@@ -81,6 +87,7 @@ def _listdir(folder):
 
 
 def from_pretrained(model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".", **kwargs):
+    quantize = check_mode(kwargs.pop("quantize", "none"))
     model_path, data_path = os.path.abspath(model_name_or_path), os.fspath(data_name_or_path)
     if data_path.startswith("."):  # as in fairseq: from the checkpoint's folder
         data_path = os.path.join(model_path, data_path)
@@ -96,7 +103,22 @@ def from_pretrained(model_name_or_path, checkpoint_file="checkpoint_best.pt", da
         if "bpe" not in kwargs and cfg.bpe is None and codes is not None:
             cfg.bpe = OmegaConf.structured(SubwordNMTBPEConfig(bpe_codes=codes))
             cfg.bpe._name = "subword_nmt"
-    return ConvS2SHubInterface(cfg, task, loaded["models"])
+    hub = ConvS2SHubInterface(cfg, task, loaded["models"])  # prepares the models for generation
+    quantize_(hub.models, quantize)
+    return hub
+
+
+def check_sentences(sentences) -> None:
+    """A TypeError unless ``sentences`` is a list (or tuple) of str: fairseq's interface would
+    translate each byte of a ``bytes`` as a sentence, and a ``None`` in a list as a sentence."""
+    if not isinstance(sentences, (list, tuple)):
+        decode = isinstance(sentences, (bytes, bytearray))
+        hint = ": decode it first, e.g. sentences.decode('utf-8')" if decode else ""
+        raise TypeError(f"translate/sample take a str or a list of str, not {type(sentences).__name__}{hint}")
+    for i, sentence in enumerate(sentences):
+        if not isinstance(sentence, str):
+            raise TypeError(f"translate/sample take a str or a list of str: sentences[{i}] is "
+                            f"{type(sentence).__name__}, not str")
 
 
 @dataclass
@@ -155,6 +177,7 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
         ``nbest`` best. ``replace_unk``: an alignment dictionary file, or ``""`` to copy."""
         if isinstance(sentences, str):
             return self.sample([sentences], beam, verbose, nbest, replace_unk, **kwargs)[0]
+        check_sentences(sentences)
         if nbest > beam:
             raise ValueError(f"nbest={nbest} needs a beam of at least {nbest} (beam={beam})")
         align_dict = self.align_dict if replace_unk is None else read_align_dict(replace_unk)

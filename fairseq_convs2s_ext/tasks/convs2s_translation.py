@@ -28,18 +28,30 @@ each through a task hook:
   silently loses up to the last N mod 8 sentences. Only the training split keeps the multiple;
   validation, fairseq-generate and fairseq-interactive batch with a multiple of 1, so every
   sentence is translated.
-- ``build_model``: refuses a model configuration whose strings would run code if fairseq
-  evaluated them (:mod:`fairseq_convs2s_ext.checkpoints.safe_loading`).
+- ``build_model``: refuses a model configuration whose strings fairseq would evaluate as code
+  (:mod:`fairseq_convs2s_ext.checkpoints.safe_loading`, which checks every checkpoint as it is
+  read; here the configuration given on the command line is checked too).
+- ``__init__`` (fairseq-train, fairseq-hydra-train): one training per ``--save-dir``, whose
+  lock the run holds to its end (:mod:`fairseq_convs2s_ext.checkpoints.save_dir_lock`).
 - ``load_dataset``: a split's binarized files are checked first (``.idx`` and ``.bin``
   agree, ids within the dictionaries; :mod:`fairseq_convs2s_ext.data.binarized`): a damaged
-  file is named, not read.
+  file is named, not read; a missing one (a side of the split, or, but in fairseq-generate,
+  which translates a source alone, the target side) is named before training starts
+  (:mod:`fairseq_convs2s_ext.data.splits`).
 - ``load_dictionary``: records the file a dictionary came from, so that a checkpoint trained
   with other dictionaries is refused with a message naming it (see
   :mod:`fairseq_convs2s_ext.checkpoints.dictionaries`).
 - ``get_batch_iterator`` (fairseq-interactive): an input line longer than the model takes
-  is reported on stderr and skipped, and the lines after it are translated (same module).
+  is reported on stderr and skipped, and the lines after it are translated (same module);
+  in a split of fairseq-generate or of validation, such a sentence is refused in one line
+  naming it, unless --skip-invalid-size-inputs-valid-test (:mod:`fairseq_convs2s_ext.data.splits`).
 - ``inference_step``: an empty source gives an empty translation
   (:mod:`fairseq_convs2s_ext.generation.empty_sources`).
+- ``build_generator``, ``inference_step``: fairseq's options that fail inside fairseq work:
+  ``--diverse-beam-groups`` (fairseq's search replaced by a repaired one) and ``--print-step``
+  (each hypothesis's steps recorded); ``--score-reference`` in fairseq-interactive, which has
+  no reference, is refused in one line
+  (:mod:`fairseq_convs2s_ext.generation.fairseq_options`).
 - ``add_args``: a bare ``--replace-unk`` means "copy only", as fairseq documents, instead of
   the dictionary file "@@ " that fairseq's option declares as its constant.
 - ``train_step``, ``valid_step``, ``inference_step``: with ``--vocab-selection FILE``, each
@@ -59,6 +71,9 @@ each through a task hook:
   silence, and ``--autocast-bf16 auto`` takes fp32 and logs why.
 - ``train_step``, ``valid_step``: with ``--compile``, the model runs under ``torch.compile``
   (:mod:`fairseq_convs2s_ext.compilation`).
+- ``build_generator``: with ``--quantize int8`` (generation on a CPU), the decoders' linear
+  layers multiply in int8 (:mod:`fairseq_convs2s_ext.generation.quantization`), quantized once,
+  after loading and generation's folds.
 
 Reaching into fairseq: ``add_args`` changes the constant of fairseq's ``--replace-unk``
 option (``parser._actions``: argparse has no public way to change an added option), because
@@ -66,6 +81,7 @@ fairseq-generate reads that value as a file before any task hook runs; a test fa
 fairseq's option changes.
 """
 import contextlib
+import copy
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -75,18 +91,24 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from ..checkpoints import check_config
+from ..checkpoints import check_config, save_dir_lock
 from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..data.binarized import check_split
+from ..data.splits import SplitError, missing_files, too_long
+from ..excepthook import fairseq_command
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.empty_sources import with_empty_translations
+from ..generation.fairseq_options import (SCORE_REFERENCE_INTERACTIVE, GenerationOptionError, with_decoding_steps,
+                                          with_repaired_search)
 from ..generation.interactive_input import InteractiveInput
 from ..generation.unknown_words import UnknownWordReplacer, read_align_dict
+from ..generation.quantization import QUANTIZE_MODES, QuantizeOptionError, check_mode, quantize_
 from ..hardware import BF16_MODES, bf16_mode, choose_bf16, fastest
 
 
 BEAM_STEPS = ("auto", "lean", "stock")
+TRAINING_COMMANDS = ("train", "hydra_train")
 
 
 @dataclass
@@ -94,6 +116,9 @@ class ConvS2STranslationConfig(TranslationConfig):
     # fairseq-generate's and fairseq-interactive's --replace-unk, which load_dataset must know
     # before any generator is built (None when not replacing, and in fairseq-train).
     replace_unk: Optional[str] = II("generation.replace_unk")
+    # fairseq-train's --save-dir and the process's rank: a training holds its folder's lock.
+    save_dir: Optional[str] = II("checkpoint.save_dir")
+    distributed_rank: int = II("distributed_training.distributed_rank")
     vocab_selection: Optional[str] = field(
         default=None,
         metadata={"help": "vocabulary selection: score only each batch's candidate target words, "
@@ -142,6 +167,12 @@ class ConvS2STranslationConfig(TranslationConfig):
         metadata={"help": "torch.compile's mode with --compile; reduce-overhead uses CUDA graphs "
                           "(with --required-seq-len-multiple to keep the shapes few)", "choices": MODES},
     )
+    quantize: str = field(
+        default="none",
+        metadata={"help": "generation on a CPU: int8 (the decoder's matrix products in int8, weights per "
+                          "output channel, activations per row; see generation.quantization) or none "
+                          "(float32)", "choices": QUANTIZE_MODES},
+    )
 
 
 @register_task("convs2s_translation", dataclass=ConvS2STranslationConfig)
@@ -151,6 +182,8 @@ class ConvS2STranslationTask(TranslationTask):
     cfg: ConvS2STranslationConfig
 
     def __init__(self, cfg, src_dict, tgt_dict):
+        if fairseq_command() in TRAINING_COMMANDS and cfg.distributed_rank == 0:
+            save_dir_lock.hold(cfg.save_dir)  # one training per --save-dir (see that module)
         super().__init__(cfg, src_dict, tgt_dict)
         self.interactive_input = InteractiveInput()
         self.vocabulary_selection = None
@@ -163,6 +196,12 @@ class ConvS2STranslationTask(TranslationTask):
                                        f"number of clusters")
         if cfg.beam_step not in BEAM_STEPS:
             raise ValueError(f"--beam-step must be one of {', '.join(BEAM_STEPS)}, got {cfg.beam_step!r}")
+        if check_mode(cfg.quantize) != "none" and fairseq_command() in TRAINING_COMMANDS:
+            raise QuantizeOptionError("--quantize is for translating (fairseq-generate, fairseq-interactive, "
+                                      "the hub); leave it out of training")
+        if cfg.quantize != "none" and self.bf16_mode != "off":
+            raise QuantizeOptionError("--quantize int8 and --autocast-bf16 are two ways to multiply in lower "
+                                      "precision: choose one")
         if cfg.vocab_selection is not None and cfg.beam_step == "stock":
             raise SelectionOptionError("--vocab-selection rides on the lean beam step: leave out --beam-step stock")
         if cfg.vocab_selection is not None:
@@ -184,7 +223,7 @@ class ConvS2STranslationTask(TranslationTask):
         return dictionary
 
     def build_model(self, cfg, from_checkpoint=False):
-        check_config(cfg, "model")  # a stored dict config was not checked as it was read
+        check_config(copy.deepcopy(cfg), "model")  # checked, not rewritten: checkpoints keep it as given
         return super().build_model(cfg, from_checkpoint)
 
     @property
@@ -193,7 +232,12 @@ class ConvS2STranslationTask(TranslationTask):
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
-        check_split(paths[(epoch - 1) % len(paths)], split,  # .idx and .bin agree, ids in the dictionaries
+        data_path = paths[(epoch - 1) % len(paths)]
+        missing = missing_files(data_path, split, self.cfg.source_lang, self.cfg.target_lang, self.cfg.dataset_impl,
+                                target=fairseq_command() != "generate")  # generate translates sources alone
+        if missing:
+            raise SplitError(missing)
+        check_split(data_path, split,  # .idx and .bin agree, ids in the dictionaries
                     {self.cfg.source_lang: len(self.src_dict), self.cfg.target_lang: len(self.tgt_dict)})
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.replaces_unknown_words:
@@ -216,10 +260,22 @@ class ConvS2STranslationTask(TranslationTask):
         if hasattr(dataset, "input_lines") and max_positions is not None and not ignore_invalid_inputs:
             self.interactive_input.report_too_long(dataset, max_positions)
             ignore_invalid_inputs = True
+        elif max_positions is not None and not ignore_invalid_inputs:
+            self._refuse_too_long(dataset, max_positions)
         return super().get_batch_iterator(
             dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
             required_batch_size_multiple, **kwargs,
         )
+
+    def _refuse_too_long(self, dataset, max_positions):
+        """A split of generation or validation with a sentence longer than the model takes is
+        refused in one line naming it (:func:`..data.splits.too_long`), where fairseq would stop
+        with a traceback."""
+        split = next((name for name, loaded in self.datasets.items() if loaded is dataset), None)
+        message = split and too_long(dataset, max_positions, utils.split_paths(self.cfg.data)[0], split,
+                                     self.cfg.source_lang, self.cfg.target_lang, self.cfg.dataset_impl)
+        if message:
+            raise SplitError(message)
 
     def get_interactive_tokens_and_lengths(self, lines, encode_fn):
         return self.interactive_input.read(lines, encode_fn, super().get_interactive_tokens_and_lengths)
@@ -230,15 +286,18 @@ class ConvS2STranslationTask(TranslationTask):
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None,
                         prefix_allowed_tokens_fn=None):
+        if getattr(args, "score_reference", False) and fairseq_command() == "interactive":
+            raise GenerationOptionError(SCORE_REFERENCE_INTERACTIVE)  # no reference to score (see that module)
+        quantize_(models, self.cfg.quantize)  # after loading and generation's folds; once
         if seq_gen_cls is None and self.beam_step(models) == "lean":  # fairseq's choice of class, lean
             extra_gen_cls_kwargs = dict(extra_gen_cls_kwargs or {})
             seq_gen_cls = LeanSequenceGenerator
             if getattr(args, "print_alignment", False):
                 seq_gen_cls = LeanSequenceGeneratorWithAlignment
                 extra_gen_cls_kwargs["print_alignment"] = args.print_alignment
-        generator = super().build_generator(
+        generator = with_repaired_search(super().build_generator(
             models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
-        )
+        ), self.target_dictionary)  # fairseq's diverse beam search fails (see that module)
         if self.vocabulary_selection is not None and not getattr(generator, "lean", False):
             raise ValueError(
                 "--vocab-selection works with beam search only: leave out --score-reference, "
@@ -275,7 +334,8 @@ class ConvS2STranslationTask(TranslationTask):
             sample = self.vocabulary_selection.with_candidates(sample, training=False)
         with self._autocast(models[0]):
             hypos = super().inference_step(generator, models, sample, prefix_tokens, constraints)
-        return with_empty_translations(sample, hypos, self.source_dictionary, self.target_dictionary)
+        hypos = with_empty_translations(sample, hypos, self.source_dictionary, self.target_dictionary)
+        return with_decoding_steps(hypos)  # for --print-step
 
     def _uses_bf16(self, model) -> bool:
         """``--autocast-bf16``'s decision for the model's device, made once (a probe on a CPU)."""

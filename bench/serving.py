@@ -1,0 +1,322 @@
+"""Ours against what a user would serve instead: CTranslate2 serving a fairseq Transformer of
+the same size class (issue 53), on the same machine and threads, in one run.
+
+    python -m bench.serving                      # 15 minutes of training each, then the table
+    python -m bench.serving --quick              # a smoke run (minutes; no figures)
+    python -m bench.serving --quality CKPT       # ours float32 against int8 alone, on a trained convs2s
+
+**The models.** Both trained by ``fairseq-train`` on the demo's data (Multi30k en-de, joint
+BPE 10k, bench/data.py) for the same wall time (``--train-minutes``, fairseq's
+``--stop-time-hours``), with ``--threads`` threads, once, cached under bench's cache folder
+(keyed by the data's bytes, the recipe and the minutes; a killed run resumes):
+
+- ours: ``convs2s_iwslt_de_en`` (4 + 3 layers of 256) with the demo's recipe (the paper's NAG,
+  learning rate, clipping and schedule, label smoothing 0.1, dropout 0.2, 4000 tokens);
+- the peer: fairseq's ``transformer`` with :data:`TRANSFORMER_RECIPE`, fixed: 3 + 3 layers,
+  256 dimensions, FFN 1024, 4 heads, the decoder's input and output embeddings shared;
+  Adam (0.9, 0.98) at 1e-3 with inverse-sqrt warm-up over 400 updates (the demo's 15
+  minutes are 350-700 updates on 2 cores), label smoothing 0.1, dropout 0.1, 4000 tokens;
+- fconv: bench's reference (bench/reference.py, ``--reference-epochs`` epochs), as a row.
+
+The Transformer is converted by CTranslate2's fairseq converter to float32 and int8.
+
+**The runs.** All 1000 sentences of test_2016_flickr (BPE as prepared), beam 5, batches of 128
+sentences (CTranslate2's ``max_batch_size``), ``--threads`` threads (CTranslate2's
+``intra_threads``, one translator), each system translating the whole set in turn,
+``--repeats`` times, its best time counting: CTranslate2 float32 and int8; fairseq's
+SequenceGenerator (what fairseq-generate runs, through ``task.inference_step``) over the
+Transformer, fconv, ours float32 and ours int8 (``--quantize int8``). Twice:
+
+- as trained: up to 200 tokens (fairseq-generate's default, CTranslate2's
+  ``max_decoding_length``); sentences and target tokens per second, sacreBLEU (detokenized),
+  and for each int8 system the 95% interval of its BLEU difference from its float32 self under
+  paired bootstrap resampling of the sentences (bench.benchmark's);
+- at equal work: every hypothesis ``--forced-length`` tokens (fairseq's ``--min-len`` and
+  ``--max-len-b`` with ``--max-len-a 0``; CTranslate2's ``min_decoding_length`` and
+  ``max_decoding_length``).
+
+Ratios are against CTranslate2 int8; the machine (bench/machine.py) is printed beside the
+table. Run it alone on the machine (bench/README.md).
+"""
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from convs2s_recipes.score import bleu as sacrebleu_score
+from convs2s_recipes.settings import fairseq_options
+
+import fairseq_convs2s_ext
+from bench.data import cache_root, prepare, test_text
+from bench.generation import GenerationRun, generation_batches
+from bench.machine import cpu_description, matmul_gflops
+from bench.models import convs2s_task, load_fconv, new_fconv, translation_task
+from bench.reference import data_fingerprint, reference_checkpoint
+from bench.training import SETTINGS
+
+USER_DIR = str(Path(fairseq_convs2s_ext.__file__).parent)
+TRANSFORMER_RECIPE = [
+    "--arch", "transformer", "--encoder-layers", "3", "--decoder-layers", "3",
+    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+    "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
+    "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "400", "--warmup-init-lr", "1e-07",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "4000",
+]
+OURS_RECIPE = ["--arch", "convs2s_iwslt_de_en", "--task", "convs2s_translation", "--criterion", "convs2s_cross_entropy",
+               *fairseq_options(SETTINGS), "--max-tokens", "4000"]
+PEER = "CTranslate2 int8"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train-minutes", type=float, default=15.0, help="wall time each model trains (default 15)")
+    parser.add_argument("--reference-epochs", type=int, default=10, help="epochs of bench's reference fconv")
+    parser.add_argument("--threads", type=int, default=2, help="threads of every system, and of training")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--forced-length", type=int, default=16, help="tokens of every hypothesis at equal work")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the test set per system; the best counts")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="translate only N batches, spread over the lengths (bench.generation)")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--quality", metavar="CHECKPOINT",
+                        help="only ours float32 against ours int8 with this trained convs2s checkpoint (of the "
+                             "demo's data): sacreBLEU of each and the interval of their difference")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 0.5 minutes of training, an untrained fconv, one batch of 16, one pass")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.train_minutes, args.batches, args.batch_size, args.repeats = 0.5, 1, 16, 1
+    return args
+
+
+def log(*message):
+    print(*message, file=sys.stderr, flush=True)
+
+
+def trained(name, data_bin, recipe, minutes, threads):
+    """checkpoint_last.pt of ``recipe`` trained by fairseq-train for ``minutes`` of wall time,
+    once: cached by the data's bytes, the recipe and the minutes; a killed run resumes."""
+    key = hashlib.sha256(" ".join(recipe).encode()).hexdigest()[:8]
+    save_dir = cache_root() / f"serving-{name}-{data_fingerprint(data_bin)}-{key}-{minutes:g}min"
+    if (save_dir / "done").exists():
+        return save_dir / "checkpoint_last.pt"
+    log(f"training {name} for {minutes:g} minutes (fairseq-train) into {save_dir}")
+    subprocess.run([sys.executable, "-m", "fairseq_cli.train", str(data_bin), "--user-dir", USER_DIR, *recipe,
+                    "--stop-time-hours", str(minutes / 60), "--seed", "1", "--save-dir", str(save_dir),
+                    "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "simple", "--log-interval", "50"],
+                   check=True, stdout=sys.stderr,  # the tables alone on stdout
+                   env={**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+    (save_dir / "done").touch()
+    return save_dir / "checkpoint_last.pt"
+
+
+def converted(checkpoint, data_bin, quantization):
+    """The CTranslate2 model of a fairseq Transformer checkpoint, converted once. The plugin,
+    imported, lets torch's safe unpickler read fairseq's checkpoints."""
+    from ctranslate2.converters import FairseqConverter
+
+    out = checkpoint.parent / f"ctranslate2-{quantization}"
+    if not (out / "model.bin").exists():
+        FairseqConverter(str(checkpoint), str(data_bin), source_lang="en", target_lang="de").convert(
+            str(out), quantization=quantization, force=True)
+    return out
+
+
+def detokenized(bpe_text):
+    from convs2s_preprocess.tokenize import detokenize
+
+    return detokenize((bpe_text + " ").replace("@@ ", "").rstrip(), "de")
+
+
+class CTranslate2System:
+    """One CTranslate2 translator, ``compute_type`` as converted, on the BPE'd source lines."""
+
+    def __init__(self, name, model_dir, compute_type, args, sources):
+        import ctranslate2
+
+        self.name, self.args, self.sources = name, args, sources
+        self.translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
+                                                 inter_threads=1, intra_threads=args.threads)
+
+    def translate(self, forced):
+        lengths = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else {
+            "max_decoding_length": 200}
+        start = time.perf_counter()
+        results = self.translator.translate_batch(self.sources, beam_size=self.args.beam,
+                                                  max_batch_size=self.args.batch_size, **lengths)
+        seconds = time.perf_counter() - start
+        tokens = [r.hypotheses[0] for r in results]
+        return seconds, [" ".join(t) for t in tokens], sum(len(t) + 1 for t in tokens)  # + </s>, as fairseq counts
+
+
+class FairseqSystem:
+    """fairseq's SequenceGenerator over one model, through its task (bench.generation). The
+    model is prepared once, as fairseq-generate prepares it (a prepared model cannot be
+    prepared again: fairseq's ``make_generation_fast_`` replaces its ``train``); each length
+    setting gets a generator of its own."""
+
+    def __init__(self, name, model, task, args, batches):
+        self.name, self.task, self.args, self.batches = name, task, args, batches
+        self.run = GenerationRun(name, model, task, self.options(None))
+        self.generators = {None: self.run.generator}
+
+    def options(self, forced):
+        return argparse.Namespace(beam=self.args.beam, max_len_a=0, max_len_b=forced or 200, min_len=forced or 1,
+                                  lenpen=1.0, unkpen=0.0, nbest=1)
+
+    def translate(self, forced):
+        if forced not in self.generators:
+            self.generators[forced] = self.task.build_generator([self.run.model], self.options(forced))
+        self.run.generator, self.run.hypotheses = self.generators[forced], {}
+        seconds = self.run.translate(self.batches)
+        ids = sorted(self.run.hypotheses)
+        text = [self.task.target_dictionary.string(self.run.hypotheses[i]) for i in ids]
+        return seconds, text, self.run.generated_tokens()
+
+
+def fairseq_model(checkpoint, task):
+    from fairseq import checkpoint_utils
+
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], task=task)
+    return model
+
+
+def sentences_to_translate(task, args, data_bin):
+    """The batches to translate, their sentence ids (sorted) and BPE'd source lines (in that order)."""
+    batches = generation_batches(task, args.batch_size, limit=args.batches)
+    ids = sorted(i for batch in batches for i in batch["id"].tolist())
+    lines = (data_bin / "test.en-de.en").read_text(encoding="utf-8").splitlines()
+    return batches, ids, [lines[i].split() for i in ids]
+
+
+def systems(args, data_bin):
+    """Every system of the comparison, models trained (or taken from the cache) first, and
+    the ids of the test sentences they translate (in the order of their output)."""
+    transformer_checkpoint = trained("transformer", data_bin, TRANSFORMER_RECIPE, args.train_minutes, args.threads)
+    ours_checkpoint = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
+    task = translation_task(data_bin)
+    batches, ids, sources = sentences_to_translate(task, args, data_bin)
+    if args.quick:
+        fconv, _ = new_fconv(task, "fconv_iwslt_de_en", dropout=0.2)
+    else:
+        fconv, _ = load_fconv(reference_checkpoint(data_bin, epochs=args.reference_epochs, threads=args.threads), task)
+    float_task, int8_task = convs2s_task(data_bin), convs2s_task(data_bin, quantize="int8")
+    return ids, [
+        CTranslate2System("CTranslate2 float32", converted(transformer_checkpoint, data_bin, "float32"), "float32",
+                          args, sources),
+        CTranslate2System(PEER, converted(transformer_checkpoint, data_bin, "int8"), "int8", args, sources),
+        FairseqSystem("fairseq, Transformer", fairseq_model(transformer_checkpoint, task), task, args, batches),
+        FairseqSystem("fconv", fconv, task, args, batches),
+        FairseqSystem("ours float32", fairseq_model(ours_checkpoint, float_task), float_task, args, batches),
+        FairseqSystem("ours int8", fairseq_model(ours_checkpoint, int8_task), int8_task, args, batches),
+    ]
+
+
+def measure(runs, repeats, forced, sentences):
+    """Each system translates the test set in turn, ``repeats`` times; its best time counts."""
+    results = {run.name: {"seconds": float("inf")} for run in runs}
+    for _ in range(repeats):
+        for run in runs:
+            seconds, text, tokens = run.translate(forced)
+            result = results[run.name]
+            if seconds < result["seconds"]:
+                result.update(seconds=seconds, text=text, tokens=tokens)
+    for result in results.values():
+        result["sentences/s"] = sentences / result["seconds"]
+        result["tokens/s"] = result["tokens"] / result["seconds"]
+        result["mean length"] = result["tokens"] / sentences
+    return results
+
+
+def score(results, references):
+    """sacreBLEU of each system, and each int8 system's 95% interval against its float32 self."""
+    from bench.benchmark import bleu_difference_interval
+
+    text = {name: [detokenized(t) for t in result["text"]] for name, result in results.items()}
+    for name, result in results.items():
+        result["BLEU"] = sacrebleu_score(text[name], references)["score"]
+    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32")):
+        if int8 in results and baseline in results:
+            results[int8]["BLEU - float32, 95%"] = bleu_difference_interval(text[baseline], text[int8], references)
+            results[int8]["identical to float32"] = sum(a == b for a, b in zip(text[baseline], text[int8]))
+
+
+def quality(args, data_bin):
+    """``--quality``: ours float32 and int8 translate the test set as trained, with the same
+    checkpoint; prints sacreBLEU of each and the 95% interval of the difference."""
+    task = translation_task(data_bin)
+    batches, ids, _ = sentences_to_translate(task, args, data_bin)
+    runs = [FairseqSystem(f"ours {mode}", fairseq_model(args.quality, mode_task), mode_task, args, batches)
+            for mode, mode_task in (("float32", convs2s_task(data_bin)),
+                                    ("int8", convs2s_task(data_bin, quantize="int8")))]
+    results = measure(runs, args.repeats, None, len(ids))
+    score(results, [test_text("de")[i] for i in ids])
+    low, high = results["ours int8"]["BLEU - float32, 95%"]
+    print(f"{args.quality}: {len(ids)} sentences of test_2016_flickr, beam {args.beam}, batch {args.batch_size}")
+    print(f"sacreBLEU float32 {results['ours float32']['BLEU']:.2f}, int8 {results['ours int8']['BLEU']:.2f}; "
+          f"int8 - float32, 95% interval (paired bootstrap) {low:+.2f} to {high:+.2f}; "
+          f"{results['ours int8']['identical to float32']} translations identical")
+
+
+def print_table(as_trained, equal_work, machine, args):
+    print(f"machine: {machine['cpu']}; torch.mm 2048^3 fp32 {machine['gflops']:.0f} GFLOP/s; {args.threads} threads; "
+          f"load average {machine['load before']} before, {machine['load after']} after")
+    print(f"beam {args.beam}, batch {args.batch_size}, {machine['sentences']} sentences of test_2016_flickr; "
+          f"models trained {args.train_minutes:g} minutes each")
+    print()
+    print(f"| as trained | sentences/s | x {PEER} | target tokens/s | sacreBLEU | int8 - float32, 95% interval |")
+    print("|---|---:|---:|---:|---:|---:|")
+    peer = as_trained[PEER]["sentences/s"]
+    for name, r in as_trained.items():
+        low, high = r.get("BLEU - float32, 95%", (None, None))
+        interval = f"{low:+.2f} to {high:+.2f} ({r['identical to float32']} identical)" if low is not None else ""
+        print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
+              f"{r['BLEU']:.2f} | {interval} |")
+    print()
+    print(f"| equal work ({args.forced_length} tokens) | sentences/s | x {PEER} | target tokens/s "
+          "| tokens a hypothesis |")
+    print("|---|---:|---:|---:|---:|")
+    peer = equal_work[PEER]["sentences/s"]
+    for name, r in equal_work.items():
+        print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
+              f"{r['mean length']:.1f} |")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data_bin = prepare("demo")
+    if args.quality:
+        return quality(args, data_bin)
+    ids, runs = systems(args, data_bin)
+    references = [test_text("de")[i] for i in ids]
+    sentences = len(ids)
+    machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
+               "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+    log(f"translating {sentences} sentences with {len(runs)} systems, {args.repeats} passes each")
+    as_trained = measure(runs, args.repeats, None, sentences)
+    score(as_trained, references)
+    equal_work = measure(runs, args.repeats, args.forced_length, sentences)
+    machine["load after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print_table(as_trained, equal_work, machine, args)
+    if args.json:
+        strip = {"text"}
+        Path(args.json).write_text(json.dumps({
+            "command": " ".join(["python -m bench.serving", *(argv if argv is not None else sys.argv[1:])]),
+            "args": vars(args), "machine": machine,
+            "results": {phase: {name: {k: v for k, v in r.items() if k not in strip} for name, r in results.items()}
+                        for phase, results in (("as trained", as_trained), ("equal work", equal_work))},
+        }, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""int8 inference on a CPU (``--quantize int8``, ``from_pretrained(..., quantize="int8")``):
+the decoder's per-step matrix products in int8.
+
+Beam search spends most of its time in the decoder's incremental step, once per hypothesis
+and step: W_o over the whole vocabulary (at beam 5 and batch 128, 640 rows x 256 x 10k
+words, with fc2 folded in), then the small products of fc1, the linearized convolutions and,
+outside a beam search's projected sources, the attention's projections. Each of the
+decoder's linear layers is replaced here by an int8 one:
+
+- weights per output channel i, symmetric: w_ij ~ s_i q_ij with s_i = max_j |w_ij| / 127;
+- activations per row m, when they are multiplied (dynamic): x_mj ~ r_m p_mj with
+  r_m = max_j |x_mj| / 127;
+- y_mi = r_m s_i sum_j p_mj q_ij + b_i, the sum exact in int32.
+
+A row's scale is its own, so a hypothesis whose features are small keeps its precision
+beside one whose features are large; the same holds for W_o's rows of rare words. The
+encoder stays float32: it runs once per sentence, not once per hypothesis and step.
+
+**The kernel, chosen by measurement.** Candidates at the model's shapes, on an ``lscpu``
+"AMD EPYC" with 2 cores, AVX512 and AVX512-VNNI (torch 2.13 CPU, one thread, CPU time of the
+best of 9 rounds, because other jobs shared the machine: two runs, at load averages 6.5 and
+2.4), speed-up over float32 ``F.linear`` (640 x 256 -> 9792; 640 x 768 -> 512;
+640 x 256 -> 256; 128 x 256 -> 9792):
+
+- ``torch._int_mm`` (torch's int8 x int8 -> int32 matrix product) with the per-row
+  quantization above: 2.5-2.7x, 3.0-3.1x, 1.9-2.2x, 3.8-4.6x;
+- ``torch.ops.quantized.linear_dynamic`` with fbgemm, x86 or onednn packed weights:
+  2.4-4.3x, 3.1-3.9x, 2.4-3.2x, 2.9-6.5x (onednn's the fastest at W_o's shape, where it
+  converts and scales the int32 sums inside its kernel); but it quantizes a call's
+  activations with one scale for the whole matrix (a row of small features loses its
+  digits), and its weights are ``torch.quantize_per_channel`` tensors, which torch 2.13
+  deprecates (it warns so);
+- torchao 0.18's ``Int8DynamicActivationInt8WeightConfig`` (the same per-row and
+  per-channel scheme): 1.7-2.0x, 1.5x, 0.8-0.9x, 1.9-2.3x, slower than ``torch._int_mm`` at
+  every shape (its quantized weights are a tensor subclass, dispatched at each product), and
+  a dependency whose import reports failing to load its CUDA extensions on a CPU-only torch;
+- ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, float activations): 0.02-0.05x.
+
+So the products are ``torch._int_mm``'s (oneDNN's s8 x s8 -> s32 gemm, as ``ONEDNN_VERBOSE=1``
+shows). Its name is private; it is the op torchao and torch's compiler lower int8 products
+to, and ``tests/test_quantize.py`` checks its integer results exactly, so a change of it fails
+there. At W_o's shape, converting and scaling the int32 sums (three passes over the
+640 x 10k logits) took about half as long as the product itself: fused into the lean step's
+:mod:`.top_log_probs` kernel, they would go. Over a whole beam search at equal work (an
+untrained ``convs2s_iwslt_de_en`` with random biases, 384 sentences of test_2016_flickr
+forced to 16 tokens, beam 5, batch 128, one thread, the same machine, two runs) int8
+translated 164-165 sentences per CPU-second against float32's 87-95 (1.73-1.90x).
+
+These figures were taken on a busy machine, and on one CPU: int8 is an option, not a
+choice made for the user, and ``python -m bench.serving`` (bench/README.md) measures the
+whole translation, ours float32 against int8 and against CTranslate2, on an idle machine
+(a host without AVX512-VNNI, such as an AVX2 one, is not measured here).
+
+**What reads the weights directly.** Every quantized layer keeps its float32 ``weight`` and
+``bias`` (the same parameters, not copies) beside the int8 ones, and only its ``forward``
+multiplies in int8. The code that reads a layer's weight instead of calling it stays
+float32: the first convolution's products with each word seen (looked up, not multiplied
+per step), the attention's projections of the source (once per sentence in a beam search),
+and with vocabulary selection the candidates' rows of W_o (a few hundred rows). W_o tied to
+the input embeddings stays tied.
+
+Quantization comes after the weights are final: after loading, after weight normalization
+is folded (done here too, if generation's ``make_generation_fast_`` has not) and after fc2
+is folded into W_o (a fold after quantization quantizes the folded W_o again). Weights in
+other dtypes than float32 and models on other devices than the CPU are refused: the choice
+above was measured on a CPU.
+"""
+import logging
+
+import torch
+import torch.nn as nn
+from torch.nn.utils import parametrize
+
+from ..models.convs2s_decoder import ConvS2SDecoder
+from ..modules.output_projection import OutputProjection
+
+logger = logging.getLogger(__name__)
+
+QUANTIZE_MODES = ("none", "int8")
+TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row or channel
+
+
+class QuantizeOptionError(ValueError):
+    """``--quantize`` with a value or in a setting it does not support."""
+
+
+def check_mode(mode: str) -> str:
+    if mode not in QUANTIZE_MODES:
+        raise QuantizeOptionError(f"--quantize takes {' or '.join(QUANTIZE_MODES)}, got {mode!r}")
+    return mode
+
+
+def quantize_weight(weight: torch.Tensor):
+    """(q, s): int8 q (out x in) and float32 s (out) with weight ~ s[:, None] * q, one scale
+    per output channel."""
+    scale = torch.linalg.vector_norm(weight, float("inf"), dim=1).div_(127).clamp_(min=TINY)
+    return torch.round(weight / scale[:, None]).to(torch.int8), scale
+
+
+@torch.no_grad()  # for generation: rounding has no gradient
+def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+                out: torch.Tensor = None) -> torch.Tensor:
+    """x (... x in) times int8 weights ``weight_t`` (in x out, per-channel ``scale``) plus
+    ``bias``, x quantized per row; ``out``: a contiguous float32 (rows x out) tensor to write
+    into, else a new one. The int32 sums are written into the float32 result's own memory
+    and converted there, element by element (same size, same place), so that the step makes
+    no second rows x out tensor."""
+    rows = x.reshape(-1, x.size(-1))
+    row_scale = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).div_(127).clamp_(min=TINY)
+    p = torch.round(rows / row_scale).to(torch.int8)
+    y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32, device=x.device) if out is None else out
+    sums = y.view(torch.int32)
+    torch._int_mm(p, weight_t, out=sums)
+    y.copy_(sums)
+    y.mul_(row_scale)
+    return torch.addcmul(bias, y, scale, out=y).view(*x.shape[:-1], -1)
+
+
+class Int8Weights:
+    """The int8 copy of a linear layer's float32 ``weight``: ``weight_t`` (in x out, as
+    ``torch._int_mm`` takes it) and ``weight_scale`` (out), as buffers."""
+
+    def quantize_(self):
+        q, scale = quantize_weight(self.weight.detach())
+        self.register_buffer("weight_t", q.t().contiguous(), persistent=False)
+        self.register_buffer("weight_scale", scale, persistent=False)
+
+    def int8_forward(self, x, out=None):
+        return int8_linear(x, self.weight_t, self.weight_scale, self.bias, out)
+
+
+class Int8Linear(Int8Weights, nn.Linear):
+    """A decoder's linear layer (fc1, a convolution's linearized weight, an attention
+    projection, fc2) multiplying in int8."""
+
+    def forward(self, x):
+        return self.int8_forward(x)
+
+
+class Int8OutputProjection(Int8Weights, OutputProjection):
+    """W_o over the whole vocabulary in int8 (the logits written into the one reused tensor
+    of ``reuse_logits``, as the float32 layer does); over candidate words (vocabulary
+    selection) in float32, from the gathered rows of the float32 weight
+    (:meth:`OutputProjection.forward` sends the whole vocabulary's logits here)."""
+
+    def every_word(self, features, incremental_state, reuse_logits):
+        if not reuse_logits or incremental_state is None:
+            return self.int8_forward(features)
+        positions = features.size(0) * features.size(1)
+        logits = self.get_incremental_state(incremental_state, "logits")
+        if logits is None or logits.size(0) < positions:
+            logits = features.new_empty(positions, self.out_features)
+            self.set_incremental_state(incremental_state, "logits", logits)
+        return self.int8_forward(features, out=logits[:positions]).view(*features.shape[:2], -1)
+
+    def fold_(self, linear):
+        """fc2 folded in (in float32, :meth:`OutputProjection.fold_`), then quantized again."""
+        super().fold_(linear)
+        self.quantize_()
+
+
+def as_parameter(tensor: torch.Tensor) -> nn.Parameter:
+    """``tensor`` itself if a parameter (a tied weight stays tied), else one over its memory
+    (weight normalization folded under ``torch.no_grad`` leaves a plain tensor)."""
+    return tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor, requires_grad=False)
+
+
+def int8_layer(linear: nn.Linear) -> nn.Linear:
+    """``linear`` (its weight normalization folded) as an int8 layer over the same float32
+    parameters; built on the meta device, so that no weight is drawn for it."""
+    if parametrize.is_parametrized(linear, "weight"):
+        parametrize.remove_parametrizations(linear, "weight", leave_parametrized=True)
+    cls = Int8OutputProjection if isinstance(linear, OutputProjection) else Int8Linear
+    with torch.device("meta"):
+        layer = cls(linear.in_features, linear.out_features)
+    bias = torch.zeros_like(linear.weight[:, 0]) if linear.bias is None else linear.bias
+    layer.weight, layer.bias = as_parameter(linear.weight), as_parameter(bias)
+    if isinstance(linear, OutputProjection):
+        layer.rest_clusters = linear.rest_clusters
+    layer.quantize_()
+    return layer
+
+
+def quantize_(models, mode: str = "int8") -> int:
+    """Replace every linear layer of each model's decoder by its int8 form (``mode`` int8;
+    none: nothing). Returns how many layers it replaced; layers already int8 are left as they
+    are, so that a hub's generator, built at every call, quantizes once."""
+    if check_mode(mode) == "none":
+        return 0
+    replaced = 0
+    for model in models:
+        decoder = getattr(model, "decoder", None)
+        if not isinstance(decoder, ConvS2SDecoder):
+            raise QuantizeOptionError(f"--quantize int8 quantizes ConvS2S models (--arch convs2s_*), "
+                                      f"not {type(model).__name__}")
+        for parameter in decoder.parameters():
+            if parameter.device.type != "cpu" or parameter.dtype != torch.float32:
+                raise QuantizeOptionError(
+                    f"--quantize int8 runs float32 models on a CPU, where its int8 products were measured "
+                    f"faster; this model is {parameter.dtype} on {parameter.device.type}")
+        for name, module in list(decoder.named_modules()):
+            if isinstance(module, nn.Linear) and not isinstance(module, Int8Weights):
+                parent_name, _, child = name.rpartition(".")
+                setattr(decoder.get_submodule(parent_name), child, int8_layer(module))
+                replaced += 1
+    if replaced:
+        logger.info("int8: %d linear layers of the decoder multiply in int8 (per-channel weights, "
+                    "per-row activations)", replaced)
+    return replaced

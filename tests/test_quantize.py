@@ -1,0 +1,255 @@
+"""int8 inference (``--quantize int8``, generation.quantization): the int8 layers are within
+the error their scales allow of float32, the whole decoder stays close to its float32 self,
+and fairseq-generate, fairseq-interactive and the hub translate with it; without it,
+translation is what it was."""
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cli_helpers import hypotheses, run
+from fairseq_convs2s_ext import ConvS2SModel
+from fairseq_convs2s_ext.generation.quantization import (
+    Int8Linear, Int8OutputProjection, Int8Weights, QuantizeOptionError, int8_layer, int8_linear, quantize_,
+    quantize_weight,
+)
+from model_helpers import build, random_tokens, with_random_biases
+from tiny_runs import USER_DIR, prepare, train
+
+TEST_SENTENCES = 20  # tiny_runs.SPLITS' test lines
+
+
+def operands(rows=37, columns=96, outputs=50, seed=0):
+    """x and a linear layer whose quantization scales differ a thousandfold between rows and
+    between output channels: a row of small features and a channel of small weights."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, columns, generator=generator)
+    x[3] *= 1e-3
+    linear = nn.Linear(columns, outputs)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(outputs, columns, generator=generator))
+        linear.weight[7] *= 1e-3
+        linear.bias.copy_(torch.randn(outputs, generator=generator))
+    return x, linear
+
+
+def test_int8_layer_is_within_the_bound_of_its_per_row_and_per_channel_scales():
+    """|x.w - x^.w^| <= s_i/2 ||x_m||_1 + r_m/2 ||w^_i||_1 for row m (scale r_m) and output
+    channel i (scale s_i): each row and channel is as precise as its own scale allows, the
+    small row and the small channel too (one scale for a whole matrix would not be)."""
+    x, linear = operands()
+    expected = linear(x).detach()
+    layer = int8_layer(linear)
+    got = layer(x).detach()
+    q, s = quantize_weight(linear.weight.detach())
+    w_hat = q.float() * s[:, None]
+    r = x.abs().amax(1, keepdim=True) / 127
+    bound = s / 2 * x.abs().sum(1, keepdim=True) + r / 2 * w_hat.abs().sum(1)
+    slack = 1e-5 * (x.abs() @ linear.weight.detach().abs().t() + linear.bias.detach().abs())  # float32 rounding
+    assert ((got - expected).abs() <= bound + slack).all()
+    relative = (got - expected).abs() / (x.abs() @ linear.weight.detach().abs().t())
+    assert relative[3].max() < 0.02 and relative[:, 7].max() < 0.02  # the small row and the small channel
+    assert ((got - expected).norm() / expected.norm()) < 0.01
+
+
+def test_int8_products_are_exact_integer_sums_converted_in_place():
+    """The int32 sums of torch._int_mm (a private torch op: this fails if it changes), written
+    into the float32 result's memory and converted there, equal the float64 products of the
+    same int8 operands; also into a caller's tensor (W_o's reused logits)."""
+    x, linear = operands(rows=5, columns=30, outputs=13)
+    q, s = quantize_weight(linear.weight.detach())
+    r = x.abs().amax(1, keepdim=True) / 127
+    p = torch.round(x / r)
+    exact = (p.double() @ q.double().t()) * r.double() * s.double() + linear.bias.detach().double()
+    out = torch.full((5, 13), float("nan"))
+    got = int8_linear(x, q.t().contiguous(), s, linear.bias.detach(), out=out)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(int8_linear(x[None], q.t().contiguous(), s, linear.bias.detach())[0], got)
+    assert torch.equal(torch._int_mm(p.to(torch.int8), q.t().contiguous()),
+                       (p.long() @ q.long().t()).to(torch.int32))
+
+
+def prepared_model(**overrides):
+    model, d = build("convs2s_tiny", vocab=60, **overrides)
+    with_random_biases(model).eval()
+    model.make_generation_fast_()
+    return model, d
+
+
+def decode_incrementally(model, src_tokens, prev_output_tokens):
+    """The logits of every step of incremental decoding (B x T x V), one step at a time."""
+    encoder_out = model.encoder(src_tokens, src_lengths=torch.full((len(src_tokens),), src_tokens.size(1)))
+    state, steps = {}, []
+    for t in range(prev_output_tokens.size(1)):
+        logits, _ = model.decoder(prev_output_tokens[:, : t + 1], encoder_out, incremental_state=state)
+        steps.append(logits[:, -1])
+    return torch.stack(steps, 1)
+
+
+def test_quantize_replaces_every_linear_layer_of_the_decoder_once():
+    model, d = prepared_model()
+    encoder_before = {name: type(m) for name, m in model.encoder.named_modules()}
+    weights = {name: m.weight for name, m in model.decoder.named_modules() if isinstance(m, nn.Linear)}
+    assert quantize_([model], "int8") == len(weights) == 8  # fc1, 2 convolutions, 2 x 2 attention, W_o
+    layers = {name: m for name, m in model.decoder.named_modules() if isinstance(m, nn.Linear)}
+    assert all(isinstance(m, Int8Weights) for m in layers.values())
+    assert isinstance(model.decoder.output_projection, Int8OutputProjection)
+    assert all(layers[name].weight is weights[name] for name in weights)  # the float32 weights kept, not copied
+    assert {name: type(m) for name, m in model.encoder.named_modules()} == encoder_before
+    assert quantize_([model], "int8") == 0 and quantize_([model], "none") == 0
+    with pytest.raises(QuantizeOptionError, match="--quantize takes none or int8"):
+        quantize_([model], "int4")
+
+
+def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection():
+    """Incremental decoding, step by step, of the int8 decoder against the float32 one (logits
+    within 3% in norm, the same best word nearly everywhere); W_o tied to the embeddings
+    stays tied (fc2 is not folded then, and is quantized itself)."""
+    torch.manual_seed(1)
+    for overrides in ({}, {"share_input_output_embed": True}):
+        model, d = prepared_model(**overrides)
+        src, prev = random_tokens(d, 6, 9), random_tokens(d, 6, 8)
+        with torch.no_grad():
+            expected = decode_incrementally(model, src, prev)
+            quantize_([model], "int8")
+            got = decode_incrementally(model, src, prev)
+        assert (got - expected).norm() / expected.norm() < 0.03, overrides
+        assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9, overrides
+        if overrides:
+            assert model.decoder.output_projection.weight is model.decoder.embed.tokens.weight
+            assert isinstance(model.decoder.fc2, Int8Linear)
+
+
+def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_fc2_fold():
+    """A model quantized before make_generation_fast_: weight normalization is folded first;
+    fc2 folded into the int8 W_o afterwards (the hub's or a task's later call) is quantized
+    again, in W_o's new shape."""
+    torch.manual_seed(2)
+    model, d = build("convs2s_tiny", vocab=60, decoder_out_embed_dim=48)
+    with_random_biases(model).eval()
+    src, prev = random_tokens(d, 4, 7), random_tokens(d, 4, 6)
+    with torch.no_grad():
+        expected = decode_incrementally(model, src, prev)
+        quantize_([model], "int8")
+        assert not any(type(m).__name__.startswith("Parametrized") for m in model.decoder.modules())
+        model.make_generation_fast_()
+        assert isinstance(model.decoder.fc2, nn.Identity)
+        projection = model.decoder.output_projection
+        assert projection.weight_t.shape == (projection.in_features, len(d)) == (32, len(d))
+        got = decode_incrementally(model, src, prev)
+    assert (got - expected).norm() / expected.norm() < 0.03
+
+
+def test_int8_output_projection_reuses_its_logits_and_scores_candidates_in_float32():
+    """W_o over the whole vocabulary writes each step's logits into one tensor (the lean step's
+    ``reuse_logits``), in int8; over candidate words (vocabulary selection) it multiplies
+    their float32 rows, exactly as the float32 layer does."""
+    model, d = prepared_model()
+    projection = model.decoder.output_projection
+    features = torch.randn(10, 1, projection.in_features)
+    candidates = torch.tensor([0, 1, 2, 3, 11, 25, 40])
+    expected = F.linear(features, projection.weight, projection.bias).detach()
+    expected_candidates = F.linear(features, projection.weight[candidates], projection.bias[candidates]).detach()
+    quantize_([model], "int8")
+    projection = model.decoder.output_projection
+    state = {}
+    first = projection(features, incremental_state=state, reuse_logits=True)
+    second = projection(features[:6], incremental_state=state, reuse_logits=True)
+    assert second.data_ptr() == first.data_ptr()  # the same memory, overwritten
+    assert (second - expected[:6]).norm() / expected[:6].norm() < 0.02
+    assert torch.equal(projection(features, candidates).detach(), expected_candidates)
+
+
+def test_quantize_refuses_what_it_was_not_measured_on():
+    model, _ = prepared_model()
+    with pytest.raises(QuantizeOptionError, match="ConvS2S models"):
+        quantize_([model.encoder], "int8")
+    model.to(torch.bfloat16)
+    with pytest.raises(QuantizeOptionError, match="runs float32 models on a CPU.*torch.bfloat16 on cpu"):
+        quantize_([model], "int8")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir):
+    """(prepared folder with BPE, checkpoint folder): convs2s_tiny, 10 updates."""
+    work = tmp_path_factory.mktemp("quantize")
+    prepared = prepare(data_dir, work, "--bpe-merges", "500")
+    train(prepared / "bin", work / "checkpoints", "--task", "convs2s_translation", "--max-update", "10")
+    return prepared, work / "checkpoints"
+
+
+def generate(trained, *options):
+    prepared, checkpoints = trained
+    return run("fairseq-generate", prepared / "bin", "--user-dir", USER_DIR, "--path",
+               checkpoints / "checkpoint_best.pt", "--beam", 5, "--batch-size", 8, "--gen-subset", "test", *options)
+
+
+def scored(log):
+    """{sentence id: (score, hypothesis)} from fairseq-generate's H lines."""
+    return {int(m[0]): (m[1], m[2]) for m in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", log, flags=re.M)}
+
+
+def test_generate_with_int8_translates_every_sentence(trained):
+    log = generate(trained, "--task", "convs2s_translation", "--quantize", "int8")
+    assert "int8: 8 linear layers of the decoder multiply in int8" in log
+    assert sorted(hypotheses(log)) == list(range(TEST_SENTENCES))
+    assert all(hypothesis.strip() for hypothesis in hypotheses(log).values())
+
+
+def test_generate_without_int8_is_float32_as_before(trained):
+    """The default, and --quantize none, translate as fairseq's own task does (the lean step
+    finds fairseq's hypotheses and scores): nothing of int8 runs."""
+    default = generate(trained, "--task", "convs2s_translation")
+    none = generate(trained, "--task", "convs2s_translation", "--quantize", "none")
+    stock = generate(trained, "--task", "translation", "--required-batch-size-multiple", 1)  # all 20
+    assert "int8" not in default + none
+    assert scored(default) == scored(none) == scored(stock)
+    assert len(scored(default)) == TEST_SENTENCES
+
+
+def test_interactive_with_int8_translates_raw_lines(trained):
+    prepared, checkpoints = trained
+    lines = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8").splitlines()[:4]
+    log = run("fairseq-interactive", prepared / "bin", "--user-dir", USER_DIR, "--task", "convs2s_translation",
+              "--path", checkpoints / "checkpoint_best.pt", "--beam", 5, "--quantize", "int8", "-s", "en", "-t", "de",
+              "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", prepared / "bpe" / "codes",
+              input="\n".join(lines) + "\n")
+    assert "int8: 8 linear layers" in log
+    assert len(re.findall(r"^H-\d+\t", log, flags=re.M)) == 4
+
+
+def test_hub_with_int8(trained):
+    prepared, checkpoints = trained
+    hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, quantize="int8")
+    decoder = hub.models[0].decoder
+    assert isinstance(decoder.output_projection, Int8OutputProjection)
+    assert isinstance(decoder.fc2, nn.Identity)  # folded into W_o before quantizing
+    translations = hub.translate(["A dog runs through the snow.", "Two men talk."], beam=5)
+    assert len(translations) == 2 and all(isinstance(t, str) and t for t in translations)
+    with pytest.raises(QuantizeOptionError, match="--quantize takes none or int8, got 'int4'"):
+        ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, quantize="int4")
+
+
+def test_training_refuses_quantize(trained, tmp_path):
+    prepared, _ = trained
+    proc = run("fairseq-train", prepared / "bin", "--user-dir", USER_DIR, "--task", "convs2s_translation",
+               "--arch", "convs2s_tiny", "--max-tokens", 1000, "--max-update", 1, "--save-dir", tmp_path,
+               "--num-workers", 0, "--quantize", "int8", check=False)
+    assert proc.returncode != 0
+    assert "--quantize is for translating" in proc.stdout
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+
+
+def test_int8_with_bf16_autocast_is_refused(trained):
+    from fairseq import tasks
+    from omegaconf import OmegaConf
+
+    prepared, _ = trained
+    options = {"_name": "convs2s_translation", "data": str(prepared / "bin"), "source_lang": "en", "target_lang": "de",
+               "quantize": "int8", "autocast_bf16": "on"}
+    with pytest.raises(QuantizeOptionError, match="--quantize int8 and --autocast-bf16 .*choose one"):
+        tasks.setup_task(OmegaConf.create(options))
+    assert tasks.setup_task(OmegaConf.create(dict(options, autocast_bf16="off"))).cfg.quantize == "int8"
