@@ -14,7 +14,13 @@ with the record's ``fconv`` run. Three pictures, each with one panel per machine
   beam 5 and 1), each data setting a group of bars, one bar per run;
 - ``memory.png``: ours / fconv peak memory in training and generation;
 - ``bleu-time.png``: BLEU after training against the seconds trained (``--train-bleu``
-  records that hold ``train seconds``, and the recipes' time-bounded runs).
+  records that hold ``train seconds``, and the recipes' time-bounded runs), one panel per run
+  of the benchmark that trained two systems or more: points of different runs, on different
+  hosts under one machine's name, are not compared.
+
+The pictures are drawn at the width of the documentation's text (8 inches at 110 dpi), with
+labels of 9 to 11 points, so that they read at the size the site shows them. Records whose
+data setting is unknown (older records without ``args.data``) are left out of the pictures.
 """
 import argparse
 import json
@@ -43,10 +49,18 @@ def load(paths):
     return records
 
 
+WIDTH = 8  # inches: the documentation's text width at the figures' dpi
+DPI = 110
+SETTINGS = {"demo": "BPE", "words": "words"}
+
+
 def setting(record):
-    """The data a record measured, as a short label: ``BPE``, ``words``, ``BPE, 1000 most common``."""
+    """The data a record measured, as a short label: ``BPE``, ``words``, ``BPE, 1000 most common``;
+    None where the record does not say."""
     args = record.get("args", {})
-    label = {"demo": "BPE", "words": "words"}.get(args.get("data"), args.get("data", "?"))
+    label = SETTINGS.get(args.get("data"))
+    if label is None:
+        return None
     if args.get("vocab_most_common"):
         label += f", {args['vocab_most_common']} most common"
     return label
@@ -60,7 +74,7 @@ def ratios(records, metrics):
         results = record.get("results", {})
         baseline = results.get(BASELINE, {})
         for metric, name in metrics.items():
-            if not baseline.get(metric):
+            if not baseline.get(metric) or setting(record) is None:
                 continue
             group = table.setdefault(record["machine"]["device"], {}).setdefault(f"{setting(record)}\n{name}", {})
             for run, values in results.items():
@@ -72,7 +86,7 @@ def ratios(records, metrics):
 def bar_panels(table, title, ylabel, path):
     """One panel of grouped bars per machine, a dashed line at fconv's 1.0; written to ``path``."""
     machines = list(table)
-    fig, axes = plt.subplots(len(machines), 1, figsize=(12, 3.6 * len(machines)), squeeze=False)
+    fig, axes = plt.subplots(len(machines), 1, figsize=(WIDTH, 4.2 * len(machines)), squeeze=False)
     for ax, machine in zip(axes[:, 0], machines):
         groups = table[machine]
         runs = sorted({run for group in groups.values() for run in group}, key=_run_order)
@@ -82,15 +96,17 @@ def bar_panels(table, title, ylabel, path):
             xs = [g + (i - (len(runs) - 1) / 2) * width for g, group in enumerate(groups) if run in groups[group]]
             ys = [groups[group][run] for group in groups if run in groups[group]]
             bars = ax.bar(xs, ys, width, label=run, color=colours[_run_order(run)[0] % len(colours)])
-            ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7)
+            ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=8)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
-        ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
-        ax.set_ylabel(ylabel)
-        ax.set_title(machine, fontsize=10)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(title)
+        ax.set_xticks(range(len(groups)), list(groups), fontsize=10)
+        ax.tick_params(axis="y", labelsize=10)
+        ax.set_ylabel(ylabel, fontsize=10)
+        ax.set_title(machine, fontsize=11)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.08)  # room for the bars' labels
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(len(runs), 3), frameon=False)
+    fig.suptitle(title, fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -99,31 +115,42 @@ def _run_order(run):
     return (RUNS.index(run) if run in RUNS else len(RUNS), run)
 
 
-def bleu_time(records, path):
-    """BLEU after training against training seconds, one panel per machine, a point per run."""
-    points = {}
+def panels_of_bleu_time(records):
+    """``[(title, [(minutes, BLEU, label)])]``: a panel for each record of known data that
+    trained two systems or more."""
+    panels = []
     for record in records:
-        for run, values in record.get("results", {}).items():
-            if isinstance(values, dict) and "BLEU after training" in values and "train seconds" in values:
-                label = f"{run} ({setting(record)})"
-                points.setdefault(record["machine"]["device"], []).append(
-                    (values["train seconds"] / 60, values["BLEU after training"], label))
-    if not points:
+        if setting(record) is None:
+            continue
+        marks = [(values["train seconds"] / 60, values["BLEU after training"], f"{run} ({setting(record)})")
+                 for run, values in record.get("results", {}).items()
+                 if isinstance(values, dict) and "BLEU after training" in values and "train seconds" in values]
+        if len(marks) >= 2:
+            panels.append((f"{record['machine']['device']}\n(one run, {record.get('commit', '?')})", marks))
+    return panels
+
+
+def bleu_time(records, path):
+    """BLEU after training against training minutes: a panel per run of the benchmark (one
+    record: one machine, one commit) that trained two systems or more, a point per system."""
+    panels = panels_of_bleu_time(records)
+    if not panels:
         return None
-    fig, axes = plt.subplots(1, len(points), figsize=(5.5 * len(points), 4), squeeze=False)
-    for ax, (machine, marks) in zip(axes[0], points.items()):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, 4 * len(panels)), squeeze=False)
+    for ax, (title, marks) in zip(axes[:, 0], panels):
         for minutes, score, label in marks:
-            ax.scatter([minutes], [score], label=label)
-            ax.annotate(f"{score:.1f}", (minutes, score), textcoords="offset points", xytext=(5, 3), fontsize=8)
-        ax.set_xlabel("training time (minutes)")
-        ax.set_ylabel("sacreBLEU, test_2016_flickr")
-        ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
-        ax.set_title(machine, fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("BLEU against training time")
+            ax.scatter([minutes], [score], label=label, s=40)
+            ax.annotate(f"{score:.1f}", (minutes, score), textcoords="offset points", xytext=(6, 4), fontsize=10)
+        ax.set_xlabel("training time (minutes)", fontsize=10)
+        ax.set_ylabel("sacreBLEU, test_2016_flickr", fontsize=10)
+        ax.tick_params(labelsize=10)
+        ax.set_xlim(left=0, right=max(m for m, _, _ in marks) * 1.15)
+        ax.set_ylim(bottom=0, top=max(s for _, s, _ in marks) * 1.15)
+        ax.set_title(title, fontsize=11)
+        ax.legend(fontsize=9, loc="lower right")
+    fig.suptitle("BLEU against training time", fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 

@@ -489,3 +489,22 @@ def test_the_plots_are_drawn_from_benchmark_json(tmp_path):
     shipped = load([ROOT / "docs" / "performance" / "results.json"])
     assert all(r["commit"] and r["command"] and r["machine"]["device"] for r in shipped)
     assert len(render(shipped, tmp_path / "docs")) == 3
+
+
+def test_the_plots_compare_only_within_one_run_and_known_data():
+    """A BLEU panel holds the points of one benchmark run (two hosts under one machine's name
+    once set ours beside fconv from another host), and a record that does not say what data it
+    measured is not drawn under a made-up label ("earlier data")."""
+    from bench.plots import SPEED, bleu_time, panels_of_bleu_time, ratios
+
+    def record(commit, data, **runs):
+        return {"commit": commit, "args": {"data": data} if data else {}, "machine": {"device": "CPU"},
+                "results": {run: {"BLEU after training": bleu, "train seconds": 60.0, "beam 5 sentences/s": bleu}
+                            for run, bleu in runs.items()}}
+
+    records = [record("a", "demo", ours=15.8), record("b", "demo", fconv=23.1, fconv_long=32.4),
+               record("c", None, fconv=1.0, ours=2.0)]
+    assert [[label for _, _, label in marks] for _, marks in panels_of_bleu_time(records)] == [
+        ["fconv (BPE)", "fconv_long (BPE)"]]
+    assert ratios(records, SPEED) == {"CPU": {"BPE\nbeam 5": {"fconv_long": 32.4 / 23.1}}}  # not record c's
+    assert bleu_time(records[:1], "unused.png") is None
