@@ -31,6 +31,7 @@ the command as such. So the package installs the hook as it is imported if
 :func:`runs_fairseq_command`: if the program Python runs is fairseq's own, a console script
 ``fairseq-*`` or ``python -m fairseq_cli.COMMAND``.
 """
+import atexit
 import logging
 import os
 import sys
@@ -289,6 +290,19 @@ def _not_the_overrides_of_a_reported_error(record: logging.LogRecord) -> bool:
     return not moses_without_languages(record.getMessage())
 
 
+def exit_now(status: int) -> None:
+    """End the command with ``status`` after running its exit handlers (logging's, the save-dir
+    lock's), but without finalizing the interpreter: fairseq leaves its batch prefetcher's
+    daemon thread running when training stops with an error, and a daemon thread inside torch
+    at finalization is unwound through C++ and aborts the process ("terminate called without an
+    active exception", SIGABRT) after the one line. ``atexit._run_exitfuncs`` is the one way to
+    run the handlers: tests/test_usual_mistakes.py fails if it changes."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def install_excepthook() -> None:
     """Report these errors in one line (exit status 1); others as before."""
     previous = sys.excepthook
@@ -302,6 +316,7 @@ def install_excepthook() -> None:
             return previous(exc_type, exc, tb)
         program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
         print(f"{program}: error: {message}", file=sys.stderr)
+        exit_now(1)
 
     excepthook.reports_checkpoint_errors = True
     sys.excepthook = excepthook

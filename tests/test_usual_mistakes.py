@@ -32,7 +32,7 @@ def fairseq(tool, *args, input="a dog runs .\n", cwd=None):
 def error_line(tool, status, output):
     """The one error line of a failed command, after ``TOOL: error: ``."""
     errors = [line for line in output.splitlines() if line.startswith(f"{tool}: error: ")]
-    assert status != 0 and len(errors) == 1, output[-3000:]
+    assert status == 1 and len(errors) == 1, output[-3000:]  # not an abort after the line (SIGABRT)
     assert "Traceback" not in output, output[-3000:]
     return errors[0][len(f"{tool}: error: "):]
 
@@ -71,6 +71,7 @@ def test_a_split_with_a_file_missing_is_named(small_bin, tmp_path, task, removed
         f"{data}/{removed[0]}: missing{also}: split 'train' needs the files of both sides, en and de; {REBINARIZE}")
     if task:
         assert not list(tmp_path.glob("save/*.pt")), "trained before the split was refused"
+    assert not (tmp_path / "save" / ".convs2s.lock").exists(), "the exit handlers did not run"
 
 
 def test_generate_translates_a_split_without_its_target_side(small_bin, checkpoint, tmp_path):
