@@ -440,7 +440,7 @@ def train(corpus: str, workdir: str, settings: Settings, workers: int = 1) -> tu
             logger.info(message)
             list(map_batches(_maximize, ranges, workers, shared))
             shared["trained"] = True
-        progress.finish()
+        progress.finish(always=True)  # bench.scaling reads the training's time from it
         logger.info("train fast_align's model: %.1f CPU seconds", _cpu_seconds() - cpu)
         return TranslationTable(ids, keys, np.array(_probs(shared, "r"))), shared["tension"]
     finally:

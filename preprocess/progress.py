@@ -3,9 +3,14 @@
 A stage of ``convs2s-prepare`` or ``convs2s-align-dict`` on WMT-sized data runs for minutes
 to hours; silence for that long looks like a hang. :class:`Progress` logs one line at most
 every ``interval`` seconds (10, or ``CONVS2S_PROGRESS_SECONDS`` from the environment), and
-one when the stage ends::
+one when a stage that logged progress ends::
 
     learn BPE: 12,000/40,000 merges (30%), 610 merges/s, about 0:00:46 left
+
+A stage over within ``interval`` logs its final line at the debug level only: the step
+around it says what it wrote, and a few thousand lines need no progress report (a 3,000-line
+corpus gave 49 log lines, 20 of them ``100% ... in 0:00:00``). A stage that stops before its
+total (learning BPE when no pair is frequent enough) ends on what it did, with no time left.
 
 Plain log lines, never carriage-return bars, so that a log written to a file stays one
 readable line per report (a progress bar's redraws would be one line of thousands).
@@ -83,8 +88,8 @@ class Progress:
         power = min(1.0, math.log(elapsed / then) / math.log(work / then_work))
         return elapsed * ((work + left) / work) ** power - elapsed
 
-    def report(self) -> str:
-        """The progress line for what is done now."""
+    def report(self, final: bool = False) -> str:
+        """The progress line for what is done now (``final``: without the time left)."""
         elapsed = max(time.monotonic() - self.start, 1e-9)
         rate = (self.done - self.resumed) / elapsed
         text = f"{self.stage}: {self.done:,}"
@@ -93,7 +98,7 @@ class Progress:
         else:
             text += f" {self.unit}"
         text += f", {rate:,.0f} {self.unit}/s"
-        left = self.seconds_left(elapsed)
+        left = None if final else self.seconds_left(elapsed)
         if left is not None:
             text += f", about {_duration(left)} left"
         return text
@@ -113,9 +118,13 @@ class Progress:
         self.done += count
         self.resumed += count
 
-    def finish(self) -> None:
-        """Log the final count, rate and time taken."""
-        self.log.info("%s in %s", self.report(), _duration(time.monotonic() - self.start))
+    def finish(self, always: bool = False) -> None:
+        """Log the final count, rate and time taken: at the info level if the stage logged
+        progress, took ``interval`` seconds or more, or ``always`` (a line read by another
+        program), else at the debug level."""
+        elapsed = time.monotonic() - self.start
+        level = logging.INFO if always or len(self.work) > 1 or elapsed >= self.interval else logging.DEBUG
+        self.log.log(level, "%s in %s", self.report(final=True), _duration(elapsed))
 
 
 @contextlib.contextmanager

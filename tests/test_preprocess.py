@@ -88,7 +88,7 @@ def test_bpe_codes_are_subword_nmts_on_the_text_for_any_workers(tmp_path, caplog
     with open(tmp_path / "reference", "w", encoding="utf-8") as codes, \
             contextlib.redirect_stderr(io.StringIO()):
         learn_bpe(itertools.chain.from_iterable(map(read_lines, paths)), codes, 800)
-    caplog.set_level(logging.INFO, logger="convs2s_preprocess.progress")
+    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.progress")  # a quick stage ends at debug
     for workers in (1, 2):
         learn_joint_bpe(paths, str(tmp_path / f"codes{workers}"), 800, workers=workers)
         assert (tmp_path / f"codes{workers}").read_text() == (tmp_path / "reference").read_text()

@@ -71,3 +71,26 @@ def test_a_stage_that_slows_down_is_estimated_at_its_rate(clock):
     progress = Progress("learn BPE", 1_000, unit="merges", interval=0)
     left = _run(clock, progress, lambda merge: 0.001 if merge == 1 else 10.0, 2, 1)
     assert left == 998 * 10.0 / 2
+
+
+def test_a_quick_stage_ends_quietly_and_an_early_stop_promises_no_time_left(clock, caplog):
+    """A stage over within the interval leaves its final line to the debug level (a 3,000-line
+    corpus gave 20 lines of "100% ... in 0:00:00"); a stage stopped before its total (learning
+    BPE when no pair is frequent enough) ended on "about 0:00:13 left"."""
+    caplog.set_level("DEBUG", logger="convs2s_preprocess.progress")
+    quick = Progress("tokenize", 3000, unit="lines", interval=10)
+    quick.update(3000)
+    clock.now += 1
+    quick.finish()
+    stopped = Progress("learn BPE", 40_000, unit="merges", interval=10)
+    for _ in range(20):
+        clock.now += 1
+        stopped.update(400)
+    stopped.finish()
+    aligner = Progress("train fast_align's model", 5, unit="pair passes", interval=10)
+    aligner.finish(always=True)  # bench.scaling reads this line
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines[0] == ("DEBUG", "tokenize: 3,000/3,000 lines (100%), 3,000 lines/s in 0:00:01")
+    assert all(level == "INFO" and "left" in line for level, line in lines[1:-2])  # at 10 and 20 s
+    assert lines[-2] == ("INFO", "learn BPE: 8,000/40,000 merges (20%), 400 merges/s in 0:00:20")
+    assert lines[-1][0] == "INFO" and lines[-1][1].startswith("train fast_align's model: 0/5")
