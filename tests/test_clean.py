@@ -98,7 +98,7 @@ def test_workers_write_the_bytes_of_one_process_and_of_a_plain_reading(
     assert total == REAL_PAIRS + 2 * len(HOSTILE) + REAL_PAIRS // 37 + 1
     single = [run(src, tgt, 1, **o) for o in options]  # one chunk, this process
     monkeypatch.setattr(clean, "CHUNK_LINES", chunk_lines)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.progress")  # a quick stage ends at debug
     for workers in (1, 2, 3):
         for option, want, one in zip(options, expected, single):
             assert run(src, tgt, workers, **option) == want == one, (workers, option)
