@@ -8,15 +8,13 @@ import subprocess
 
 import pytest
 import torch
-from fairseq import checkpoint_utils, options, search
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator
-from fairseq.tasks import setup_task
 
 from cli_helpers import run
 from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from fairseq_convs2s_ext.generation.fairseq_options import SCORE_REFERENCE_INTERACTIVE
-from tiny_runs import USER_DIR, train
+from tiny_runs import USER_DIR, prepared_for_generation, train
 
 GENERATE = ["--user-dir", USER_DIR, "--task", "convs2s_translation", "--gen-subset", "test", "--max-len-b", 8]
 
@@ -39,16 +37,8 @@ def test_diverse_beam_search_finds_fairseqs_hypotheses_whatever_the_sentence_ids
     (0, 1, 2, ...); there, the task's generator finds its hypotheses and scores exactly, and it
     finds the same for any other ids, where fairseq's fails (IndexError) or reads another
     sentence's overlap."""
-    args = options.parse_args_and_arch(options.get_generation_parser(), [
-        str(small_bin), "--user-dir", str(USER_DIR), "--task", "convs2s_translation", "--path", str(checkpoint),
-        "--beam", "4", "--diverse-beam-groups", "2", "--max-len-b", "40"])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = setup_task(cfg.task)
-    task.load_dataset("test")
-    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], task=task)
-    for model in models:
-        model.prepare_for_inference_(cfg)
-    sample = next(iter(task.get_batch_iterator(task.dataset("test"), max_sentences=10).next_epoch_itr(shuffle=False)))
+    task, models, (sample, *_), gen_cfg = prepared_for_generation(
+        small_bin, checkpoint, "--beam", 4, "--diverse-beam-groups", 2, "--max-len-b", 40, max_sentences=10)
     positions = torch.arange(len(sample["id"]))
     stock = SequenceGenerator(models, task.target_dictionary, beam_size=4, max_len_b=40,
                               search_strategy=search.DiverseBeamSearch(task.target_dictionary, 2, 0.5))
@@ -56,7 +46,7 @@ def test_diverse_beam_search_finds_fairseqs_hypotheses_whatever_the_sentence_ids
     lengths = [[len(tokens) for tokens, _, _ in nbest] for nbest in expected]
     assert len({max(nbest) for nbest in lengths}) > 1, f"no sentence finished before another: {lengths}"
 
-    ours = task.build_generator(models, cfg.generation)
+    ours = task.build_generator(models, gen_cfg)
     for ids in (positions, positions + 7, positions.flip(0)):
         assert hypotheses(task.inference_step(ours, models, dict(sample, id=ids))) == expected, ids
     with pytest.raises(IndexError):  # fairseq's own: when this fails, fairseq was repaired

@@ -10,17 +10,15 @@ import re
 
 import pytest
 import torch
-from fairseq import checkpoint_utils, options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
-from fairseq.tasks import setup_task
 from fairseq.tasks.translation import TranslationTask
 
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment, top_log_probs
 from fairseq_convs2s_ext.generation.lean_beam_step import LocalVocabularyEnsemble
 from fairseq_convs2s_ext.generation import UnknownWordReplacer
 from cli_helpers import run
-from tiny_runs import USER_DIR, train_paper, word_level
+from tiny_runs import USER_DIR, prepared_for_generation, train_paper, word_level
 
 TEST_LINES = 101
 LINES = {"train": ("train", 3000), "valid": ("val", 200), "test": ("test_2016_flickr", TEST_LINES)}
@@ -35,21 +33,8 @@ def model(tmp_path_factory, data_dir):
 
 
 def setup(model, *generation_options):
-    """The task, models (prepared as fairseq-generate prepares them), test batches and the
-    generation config, for fairseq-generate's command line with `generation_options`."""
     data, checkpoint = model
-    parser = options.get_generation_parser()
-    args = options.parse_args_and_arch(parser, [str(data), "--user-dir", str(USER_DIR), "--task",
-                                                "convs2s_translation", "--path", str(checkpoint),
-                                                *map(str, generation_options)])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = setup_task(cfg.task)
-    task.load_dataset("test")
-    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], task=task)
-    for m in models:
-        m.prepare_for_inference_(cfg)
-    batches = list(task.get_batch_iterator(task.dataset("test"), max_sentences=32).next_epoch_itr(shuffle=False))
-    return task, models, batches, cfg.generation
+    return prepared_for_generation(data, checkpoint, *generation_options)
 
 
 def stock_generator(task, models, gen_cfg):

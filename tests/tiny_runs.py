@@ -55,3 +55,23 @@ def train(data_bin, save_dir, *extra):
                "--optimizer", "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1",
                "--criterion", "convs2s_cross_entropy", "--max-tokens", "1000", "--save-dir", save_dir,
                "--no-progress-bar", "--seed", "1", "--num-workers", "0", *(extra or ("--max-update", "10")))
+
+
+def prepared_for_generation(data, checkpoint, *generation_options, max_sentences=32):
+    """The task, models (prepared as fairseq-generate prepares them), test batches and the
+    generation config, for fairseq-generate's command line with ``generation_options``."""
+    from fairseq import checkpoint_utils, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.tasks import setup_task
+
+    args = options.parse_args_and_arch(options.get_generation_parser(), [
+        str(data), "--user-dir", str(USER_DIR), "--task", "convs2s_translation", "--path", str(checkpoint),
+        *map(str, generation_options)])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = setup_task(cfg.task)
+    task.load_dataset("test")
+    models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)], task=task)
+    for m in models:
+        m.prepare_for_inference_(cfg)
+    batches = task.get_batch_iterator(task.dataset("test"), max_sentences=max_sentences).next_epoch_itr(shuffle=False)
+    return task, models, list(batches), cfg.generation
