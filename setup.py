@@ -41,7 +41,8 @@ setup(
     # The repository's folders preprocess/ and recipes/ install under names of their own:
     # a top-level "preprocess" or "recipes" would collide with any other package so named.
     packages=find_packages(include=["fairseq_convs2s_ext", "fairseq_convs2s_ext.*"])
-    + ["convs2s_preprocess", "convs2s_recipes"],
+    + ["convs2s_preprocess", "convs2s_recipes"]
+    + [f"convs2s_preprocess.{part}" for part in find_packages("preprocess")],
     package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes"},
     package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"],
                   # the lean beam step's kernel, compiled on first use (generation/top_log_probs.py)
@@ -80,8 +81,8 @@ setup(
         "console_scripts": [
             "convs2s-user-dir = convs2s_recipes.user_dir:main",
             "convs2s-prepare = convs2s_preprocess.pipeline:main",
-            "convs2s-align-dict = convs2s_preprocess.align:main",
-            "convs2s-postprocess = convs2s_preprocess.postprocess:main",
+            "convs2s-align-dict = convs2s_preprocess.stages.align:main",
+            "convs2s-postprocess = convs2s_preprocess.stages.postprocess:main",
             "convs2s-recipe = convs2s_recipes.run:main",
             "convs2s-data = convs2s_recipes.data:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",

@@ -165,7 +165,7 @@ def bleu(task, hypotheses, lang="de"):
 
 def scored_text(task, hypotheses, lang="de"):
     """The hypotheses as BLEU reads them (BPE removed, detokenized), and their references."""
-    from convs2s_preprocess.tokenize import detokenize
+    from convs2s_preprocess.stages.tokenize import detokenize
 
     references = test_text(lang)
     ids = sorted(hypotheses)

@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from convs2s_preprocess.atomic import atomic_outputs
-from convs2s_preprocess.host import usable_cores
+from convs2s_preprocess.runtime.atomic import atomic_outputs
+from convs2s_preprocess.runtime.host import usable_cores
 from convs2s_recipes.corpora import data_root
 from fairseq_convs2s_ext.hardware import cpu_model
 

@@ -14,7 +14,7 @@ dictionaries were built on (BPE-segmented for ``demo``), also cached and rebuilt
 import dataclasses
 from pathlib import Path
 
-from convs2s_preprocess.host import cache_folder
+from convs2s_preprocess.runtime.host import cache_folder
 from convs2s_recipes.corpora import data_root
 from convs2s_recipes.run import RECIPES, prepare_data
 
@@ -41,7 +41,7 @@ def prepare(name="demo"):
 
 def candidates(name="demo", src="en", tgt="de"):
     """The candidates file of data set ``name`` for ``--vocab-selection`` (built if needed)."""
-    from convs2s_preprocess.align import build_align_dict, find_aligner
+    from convs2s_preprocess.stages.align import build_align_dict, find_aligner
 
     prepared = prepared_folder(name)
     train = prepared / "bpe" / "train" if DATASETS[name].bpe_merges else prepared / "tok" / "train.clean"

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from subword_nmt.apply_bpe import BPE
 
-from convs2s_preprocess.bpe import SEPARATOR, count_bounded_words, count_words
-from convs2s_preprocess.tokenize import normalize_and_tokenize
+from convs2s_preprocess.stages.bpe import SEPARATOR, count_bounded_words, count_words
+from convs2s_preprocess.stages.tokenize import normalize_and_tokenize
 from convs2s_recipes.corpora import data_root
 
 from .scaling import SRC, TGT, base_pairs, build_corpus, measure
@@ -91,7 +91,7 @@ def agreement(full: dict, sampled: dict, counts: Counter) -> dict:
 
 def align_dict(prefix: Path, out: Path, sample: int, workers: int) -> dict:
     """Run convs2s-align-dict (the builtin aligner); its wall time, CPU time and peak memory."""
-    argv = [sys.executable, "-m", "convs2s_preprocess.align", "--src", f"{prefix}.{SRC}",
+    argv = [sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", f"{prefix}.{SRC}",
             "--tgt", f"{prefix}.{TGT}", "-o", str(out), "--aligner", "builtin",
             "--workers", str(workers), "--train-sample", str(sample)]
     return measure([(argv, None, None)])
@@ -125,7 +125,7 @@ def run_corpus(name: str, prefix: Path, samples: list, workers: int) -> dict:
 def learn_codes(prefix: Path, codes: Path, merges: int, workers: int, sample: int = 0,
                 max_words: int = 0) -> dict:
     """Learn joint BPE as convs2s-prepare does; its wall time, CPU time and peak memory."""
-    code = ("from convs2s_preprocess.bpe import learn_joint_bpe\n"
+    code = ("from convs2s_preprocess.stages.bpe import learn_joint_bpe\n"
             f"learn_joint_bpe({[f'{prefix}.{SRC}', f'{prefix}.{TGT}']!r}, {str(codes)!r}, "
             f"{merges}, workers={workers}, sample={sample}, max_words={max_words})")
     return measure([([sys.executable, "-c", code], None, None)])

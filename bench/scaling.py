@@ -67,9 +67,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
-from convs2s_preprocess.atomic import record_path
-from convs2s_preprocess.host import default_workers, descendants
+from convs2s_preprocess.stages.align import DEFAULT_TRAIN_SAMPLE
+from convs2s_preprocess.runtime.atomic import record_path
+from convs2s_preprocess.runtime.host import default_workers, descendants
 from convs2s_preprocess.textio import count_lines
 from convs2s_recipes.corpora import data_root
 
@@ -229,23 +229,23 @@ def ours(raw: Path, work: Path, workers: int, merges: int, align: bool, skip=(),
     tok, clean, bpe, bindir = work / "tok", work / "clean", work / "bpe", work / "bin"
     sides = lambda prefix: [f"{prefix}.{lang}" for lang in (SRC, TGT)]  # noqa: E731
     stages = {
-        "tokenize": _python("from convs2s_preprocess.tokenize import tokenize_file\n" + "\n".join(
+        "tokenize": _python("from convs2s_preprocess.stages.tokenize import tokenize_file\n" + "\n".join(
             f"tokenize_file({i!r}, {o!r}, {lang!r}, workers={workers})"
             for i, o, lang in zip(sides(raw), sides(tok), (SRC, TGT)))),
-        "clean": _python("from convs2s_preprocess.clean import clean_corpus\n"
+        "clean": _python("from convs2s_preprocess.stages.clean import clean_corpus\n"
                          f"clean_corpus(*{sides(tok)!r}, *{sides(clean)!r}, workers={workers})"),
-        "learn BPE": _python("from convs2s_preprocess.bpe import learn_joint_bpe\n"
+        "learn BPE": _python("from convs2s_preprocess.stages.bpe import learn_joint_bpe\n"
                              f"learn_joint_bpe({sides(clean)!r}, {str(work / 'codes')!r}, {merges}, "
                              f"workers={workers})"),
-        "apply BPE": _python("from convs2s_preprocess.bpe import apply_bpe_file\n" + "\n".join(
+        "apply BPE": _python("from convs2s_preprocess.stages.bpe import apply_bpe_file\n" + "\n".join(
             f"apply_bpe_file({str(work / 'codes')!r}, {i!r}, {o!r}, {workers})"
             for i, o in zip(sides(clean), sides(bpe)))),
-        "binarize": _python("from convs2s_preprocess.binarize import binarize\n"
+        "binarize": _python("from convs2s_preprocess.stages.binarize import binarize\n"
                             f"binarize({str(bindir)!r}, {SRC!r}, {TGT!r}, trainpref={str(bpe)!r}, "
                             f"workers={workers})"),
     }
     if align:
-        stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.align", "--src", sides(clean)[0],
+        stages["align dict"] = [sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", sides(clean)[0],
                                 "--tgt", sides(clean)[1], "-o", str(work / "align.dict"),
                                 "--workers", str(workers)]
         if "align dict" not in skip:  # else an earlier run's dictionary of the same text is kept

@@ -132,7 +132,7 @@ def converted(checkpoint, data_bin, quantization):
 
 
 def detokenized(bpe_text):
-    from convs2s_preprocess.tokenize import detokenize
+    from convs2s_preprocess.stages.tokenize import detokenize
 
     return detokenize((bpe_text + " ").replace("@@ ", "").rstrip(), "de")
 

@@ -11,7 +11,7 @@ tokens on the y axis, as the paper's attention figures.
 """
 import os
 
-from convs2s_preprocess.atomic import atomic_file
+from convs2s_preprocess.runtime.atomic import atomic_file
 
 
 def heatmap(matrix, source_tokens, target_tokens, title):

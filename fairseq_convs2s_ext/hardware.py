@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from convs2s_preprocess.atomic import atomic_file
-from convs2s_preprocess.host import cache_folder
+from convs2s_preprocess.runtime.atomic import atomic_file
+from convs2s_preprocess.runtime.host import cache_folder
 
 logger = logging.getLogger(__name__)
 

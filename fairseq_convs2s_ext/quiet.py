@@ -178,7 +178,7 @@ def save_configuration(cfg) -> Optional[str]:
     lock (:mod:`.checkpoints.save_dir_lock`, which the plugin's task takes too, re-entrant in
     one process) is taken first, so that a second training into the folder is refused before
     it replaces the first one's file."""
-    from convs2s_preprocess.atomic import atomic_file
+    from convs2s_preprocess.runtime.atomic import atomic_file
     from omegaconf import OmegaConf
 
     from .checkpoints import save_dir_lock

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
-from convs2s_preprocess.host import usable_cores
+from convs2s_preprocess.runtime.host import usable_cores
 
 logger = logging.getLogger(__name__)
 

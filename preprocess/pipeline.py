@@ -59,18 +59,18 @@ import sys
 from importlib.metadata import version
 from typing import Optional
 
-from .align import build_align_dict, find_aligner
-from .atomic import atomic_outputs, run_step
-from .binarize import binarize
-from .bpe import DEFAULT_MAX_WORDS, DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
-from .clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
+from .stages.align import build_align_dict, find_aligner
+from .runtime.atomic import atomic_outputs, run_step
+from .stages.binarize import binarize
+from .stages.bpe import DEFAULT_MAX_WORDS, DEFAULT_MERGES, DEFAULT_SAMPLE, apply_bpe_file, learn_joint_bpe
+from .stages.clean import DEFAULT_MAX_LEN, DEFAULT_RATIO, clean_corpus
 from .errors import PreprocessError, full_disk_reported
-from .locking import output_lock
-from .host import default_workers
-from .processes import exit_on_sigterm
-from .runtime import beside
+from .runtime.locking import output_lock
+from .runtime.host import default_workers
+from .runtime.processes import exit_on_sigterm
+from .runtime.pool import beside
 from .textio import check_parallel, sample_option
-from .tokenize import tokenize_file
+from .stages.tokenize import tokenize_file
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Optional, Tuple
 
 import sacrebleu.utils
 
-from convs2s_preprocess.atomic import atomic_outputs
-from convs2s_preprocess.host import cache_folder
+from convs2s_preprocess.runtime.atomic import atomic_outputs
+from convs2s_preprocess.runtime.host import cache_folder
 
 from .download import REMEDY, DownloadError, fetch, mirrored, sha256_of
 

@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from convs2s_preprocess.atomic import atomic_outputs
-from convs2s_preprocess.bpe import remove_bpe
+from convs2s_preprocess.runtime.atomic import atomic_outputs
+from convs2s_preprocess.stages.bpe import remove_bpe
 from convs2s_preprocess.errors import PreprocessError, full_disk_reported
-from convs2s_preprocess.locking import output_lock
-from convs2s_preprocess.processes import run_child
-from convs2s_preprocess.romanian import normalize_romanian_line
+from convs2s_preprocess.runtime.locking import output_lock
+from convs2s_preprocess.runtime.processes import run_child
+from convs2s_preprocess.stages.romanian import normalize_romanian_line
 from convs2s_preprocess.textio import read_lines
 
 from . import corpora, score, unknown_words
@@ -40,7 +40,7 @@ from .download import DownloadError
 from .settings import CONFIG_DIR, PrintConfigDir
 
 # Imported where used, so that `convs2s-recipe --help` answers at once: convs2s_preprocess.pipeline
-# and convs2s_preprocess.tokenize (sacremoses), hydra, fairseq and the plugin.
+# and convs2s_preprocess.stages.tokenize (sacremoses), hydra, fairseq and the plugin.
 
 logger = logging.getLogger("convs2s-recipe")
 
@@ -189,7 +189,7 @@ def evaluate(recipe, experiment, hypotheses, test_prefix, prepared, output):
     words = [remove_bpe(h) if recipe.bpe_merges else h for h in hypotheses]
     if recipe.metric == "rouge":
         return {"rouge": score.rouge(words, raw_refs)}, words
-    from convs2s_preprocess.tokenize import detokenize
+    from convs2s_preprocess.stages.tokenize import detokenize
 
     detok = [detokenize(h.replace(unknown_words.UNK, score.UNSCORED_UNK), tgt) for h in words]
     if recipe.romanian and tgt == "ro":  # the model writes Romanian without diacritics
@@ -229,7 +229,7 @@ def run(name, data_dir, work, threads, smoke=False, backtranslation=True, overri
             raise SystemExit(f"error: no smoke mode for {name}; smoke runs exist for {', '.join(SMOKE)}")
         recipe = replace(recipe, **SMOKE[name])
         overrides = SMOKE_OVERRIDES + overrides
-    # workers: convs2s-prepare's default (convs2s_preprocess.host.default_workers), not the
+    # workers: convs2s-prepare's default (convs2s_preprocess.runtime.host.default_workers), not the
     # threads chosen for torch: processes do not wait on each other at every operation
     experiment, test_prefix, prepared, data_bin = prepare_data(recipe, data_dir, work, backtranslation)
     align_dict = unknown_words.align_dictionary(prepared, experiment, work) if recipe.replace_unk else None

@@ -80,7 +80,7 @@ def main(argv=None):
     import argparse
     import sys
 
-    from convs2s_preprocess.postprocess import postprocess
+    from convs2s_preprocess.stages.postprocess import postprocess
 
     p = argparse.ArgumentParser(
         prog="convs2s-score",

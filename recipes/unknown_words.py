@@ -8,7 +8,7 @@ scores and what became of each ``<unk>``.
 """
 import os
 
-from convs2s_preprocess.align import build_align_dict, find_aligner
+from convs2s_preprocess.stages.align import build_align_dict, find_aligner
 from convs2s_preprocess.textio import read_lines
 
 from .score import ScoreError

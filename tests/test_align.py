@@ -17,14 +17,15 @@ import numpy as np
 import pytest
 
 from conftest import DATA, ROOT
-from convs2s_preprocess.align import (COUNT_CHUNK_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
-                              Aligner, build_align_dict, candidate_lines, count_corpus_links,
-                              count_links, count_partitions, find_aligner, most_frequent, ranked_candidates,
-                              write_aligner_input)
-from convs2s_preprocess import align, fastalign
+from convs2s_preprocess.stages.align import (COUNT_CHUNK_LINES, FAST_ALIGN_SETTINGS, SEPARATOR, WORK_PREFIX,
+                                             Aligner, build_align_dict, candidate_lines, count_corpus_links,
+                                             count_links, count_partitions, find_aligner, most_frequent,
+                                             ranked_candidates, write_aligner_input)
+from convs2s_preprocess.aligner import fastalign
+from convs2s_preprocess.stages import align
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
-from convs2s_preprocess.tokenize import tokenize_file
+from convs2s_preprocess.stages.tokenize import tokenize_file
 from faults import processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"
@@ -163,7 +164,7 @@ def test_missing_aligner_error_says_how_to_install(tmp_path):
 
 def test_default_without_binary_is_the_builtin_fast_align_model(tmp_path):
     aligner = find_aligner("auto", search_path=str(tmp_path))  # no fast_align binary there
-    assert aligner == Aligner("builtin", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
+    assert aligner == Aligner("builtin", (sys.executable, "-m", "convs2s_preprocess.aligner.fastalign"))
     assert aligner.options() == {"aligner": "builtin", "settings": "-d -o -v"}
 
 
@@ -198,7 +199,7 @@ needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(),
 
 
 def _align_dict(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "convs2s_preprocess.stages.align", *map(str, args)],
                           cwd=ROOT, capture_output=True, text=True)
 
 
@@ -210,7 +211,7 @@ def _align_dict(*args: str) -> subprocess.CompletedProcess:
 def test_multi30k_dictionary(tmp_path, aligner):
     src, tgt = _multi30k_tokenized(tmp_path, 3000)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
                            "-o", str(out), "--aligner", aligner],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -366,8 +367,8 @@ def test_decoding_pairs_together_is_the_decision_pair_by_pair(favor_diagonal, mi
 
 
 def _builtin_links(corpus: Path, *options: str) -> list:
-    """Run `python -m convs2s_preprocess.fastalign -i corpus -d -o -v` and return its links."""
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.fastalign", "-i", str(corpus),
+    """Run `python -m convs2s_preprocess.aligner.fastalign -i corpus -d -o -v` and return its links."""
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.aligner.fastalign", "-i", str(corpus),
                            *FAST_ALIGN_SETTINGS, *options], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
@@ -450,7 +451,7 @@ def test_default_dictionary_is_the_fast_align_binarys(tmp_path):
     pairs = _reference_pairs()
     src, tgt = _write_pairs(tmp_path / "data", pairs)
     out = tmp_path / "align.dict"
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
                            "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() == (REFERENCE / "align.dict").read_bytes()
@@ -461,7 +462,7 @@ def test_progress_of_the_aligner_is_relayed_as_log_lines(tmp_path):
     """The child's training and decoding progress reaches convs2s-align-dict's log, with
     rates, as lines: a log file of it holds no carriage-return bar."""
     src, tgt = _write_pairs(tmp_path / "data", _reference_pairs(1500))
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
                            "-o", str(tmp_path / "align.dict"), "--workers", "2"], cwd=ROOT,
                           capture_output=True, text=True, env=dict(os.environ, CONVS2S_PROGRESS_SECONDS="0"))
     assert proc.returncode == 0, proc.stderr
@@ -486,7 +487,7 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
     # SIGINT may be ignored in a background test run; the command must see it as Ctrl-C
     with open(tmp_path / "stderr", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+            [sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
              "-o", str(out_dir / "align.dict"), *options], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=log,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -536,7 +537,7 @@ def test_killed_run_stops_its_aligner_and_next_run_removes_its_folder(tmp_path):
     assert [name for name in leftovers if name.startswith(WORK_PREFIX)], leftovers
     # ...until the next run in that folder, here on a small corpus
     src, tgt = _write_pairs(tmp_path / "small", _reference_pairs(200))
-    run = subprocess.run([sys.executable, "-m", "convs2s_preprocess.align", "--src", src, "--tgt", tgt,
+    run = subprocess.run([sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
                           "-o", str(out_dir / "align.dict")], cwd=ROOT, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr

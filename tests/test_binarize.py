@@ -11,10 +11,10 @@ from fairseq.binarizer import FileBinarizer, VocabularyDatasetBinarizer
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.tasks.translation import TranslationTask
 
-from convs2s_preprocess.atomic import run_step, shard_folder
-from convs2s_preprocess.binarize import LOG_FILE, binarize, write_index
+from convs2s_preprocess.runtime.atomic import run_step, shard_folder
+from convs2s_preprocess.stages.binarize import LOG_FILE, binarize, write_index
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.shards import SHARD_VARIABLE
+from convs2s_preprocess.runtime.shards import SHARD_VARIABLE
 
 # Every kind of whitespace str.split and fairseq's tokenize_line know, and none that ends a line
 # for fairseq's reader but \n (\x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029 end one for

@@ -19,9 +19,9 @@ from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import DATA
-from convs2s_preprocess import bpe
-from convs2s_preprocess.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
-from convs2s_preprocess.host import descendants
+from convs2s_preprocess.stages import bpe
+from convs2s_preprocess.stages.bpe import SEPARATOR, apply_bpe_file, learn_joint_bpe
+from convs2s_preprocess.runtime.host import descendants
 from faults import ENV
 
 MULTI30K = DATA / "multi30k"
@@ -147,7 +147,8 @@ def test_a_killed_merge_worker_stops_learning_with_one_line(tmp_path):
     for lang in ("en", "de"):
         (tmp_path / f"train.{lang}").write_bytes((MULTI30K / f"train.{lang}").read_bytes())
     out = tmp_path / "out"
-    prepare = "from convs2s_preprocess import bpe, pipeline; bpe.SHARD_WORDS = 1000; pipeline.main()"
+    prepare = ("from convs2s_preprocess import pipeline; from convs2s_preprocess.stages import bpe; "
+               "bpe.SHARD_WORDS = 1000; pipeline.main()")
     proc = subprocess.Popen([sys.executable, "-c", prepare, "-s", "en", "-t", "de", "--trainpref", tmp_path / "train",
                              "-o", out, "--workers", "3"],
                             cwd=tmp_path, env={**ENV, "CONVS2S_PROGRESS_SECONDS": "0"},

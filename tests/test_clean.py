@@ -1,4 +1,4 @@
-"""Cleaning in worker processes (preprocess/clean.py) on real Multi30k text and hostile lines:
+"""Cleaning in worker processes (preprocess/stages/clean.py) on real Multi30k text and hostile lines:
 the same bytes as one process and as a plain reading of the files, errors that name the line."""
 import itertools
 import logging
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from convs2s_preprocess import clean, parallel, progress, runtime
-from convs2s_preprocess.clean import clean_corpus, keep_pair
+from convs2s_preprocess.runtime import parallel, progress, pool
+from convs2s_preprocess.stages import clean
+from convs2s_preprocess.stages.clean import clean_corpus, keep_pair
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import check_parallel, read_lines
 
@@ -98,7 +99,7 @@ def test_workers_write_the_bytes_of_one_process_and_of_a_plain_reading(
     assert total == REAL_PAIRS + 2 * len(HOSTILE) + REAL_PAIRS // 37 + 1
     single = [run(src, tgt, 1, **o) for o in options]  # one chunk, this process
     monkeypatch.setattr(clean, "CHUNK_LINES", chunk_lines)
-    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.progress")  # a quick stage ends at debug
+    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.runtime.progress")  # a quick stage ends at debug
     for workers in (1, 2, 3):
         for option, want, one in zip(options, expected, single):
             assert run(src, tgt, workers, **option) == want == one, (workers, option)
@@ -126,7 +127,7 @@ def test_parts_are_deleted_as_they_are_appended(tmp_path, monkeypatch, caplog):
         run(src, tgt, 2)
     finally:
         logging.getLogger(progress.__name__).removeHandler(handler)
-    assert len(parts) > 500 and max(parts) <= 2 * 2 * runtime.IN_FLIGHT_PER_WORKER
+    assert len(parts) > 500 and max(parts) <= 2 * 2 * pool.IN_FLIGHT_PER_WORKER
 
 
 def first_error(src: Path, tgt: Path) -> str:

@@ -1,4 +1,4 @@
-"""fast_align's model trained by convs2s_preprocess.fastalign_em, on real text: the same
+"""fast_align's model trained by convs2s_preprocess.aligner.fastalign_em, on real text: the same
 figures as fast_align's C++ and the same links as its binary, and the same model for any
 number of workers. No mocks: the training runs as convs2s-align-dict runs it.
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from convs2s_preprocess import fastalign, fastalign_em
-from convs2s_preprocess.fastalign_em import Chunk, Settings, digamma, expected_feature, pieces, split_pair
+from convs2s_preprocess.aligner import fastalign, fastalign_em
+from convs2s_preprocess.aligner.fastalign_em import Chunk, Settings, digamma, expected_feature, pieces, split_pair
 from test_align import REFERENCE, needs_reference, write
 
 FAST_ALIGN = {  # (-d, -o, -v) on the first 5000 pairs of the reference corpus
@@ -153,7 +153,7 @@ def test_words_end_at_spaces_and_tabs_only_as_in_fast_align():
 def test_a_line_fast_align_would_stop_at_is_one_clear_error(tmp_path, line, problem):
     corpus = tmp_path / "corpus"
     corpus.write_bytes(b"the dog ||| der Hund\n" * 2 + line + b"\n" + b"a cat ||| eine Katze\n")
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.fastalign", "-i", str(corpus),
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.aligner.fastalign", "-i", str(corpus),
                            "-d", "-o", "-v", "--workers", "2"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 1 and proc.stdout == ""

@@ -1,4 +1,4 @@
-"""Issue 34, item 3: one run at a time per output folder (convs2s_preprocess.locking), with
+"""Issue 34, item 3: one run at a time per output folder (convs2s_preprocess.runtime.locking), with
 real processes: a second run into a folder stops at once with one line naming the first
 run's pid; a lock left by a killed run is taken over."""
 import os
@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from conftest import BIN, ROOT
-from convs2s_preprocess.locking import LOCK_NAME, FolderInUse, output_lock
+from convs2s_preprocess.runtime.locking import LOCK_NAME, FolderInUse, output_lock
 from faults import wait_until
 
-HOLD = "import sys, time; from convs2s_preprocess.locking import output_lock\n" \
+HOLD = "import sys, time; from convs2s_preprocess.runtime.locking import output_lock\n" \
        "with output_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(300)\n"
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import BIN, ROOT
-from convs2s_preprocess.align import WORK_PREFIX
+from convs2s_preprocess.stages.align import WORK_PREFIX
 from faults import processes_mentioning, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -72,7 +72,7 @@ def test_the_guardian_returns_the_exit_status_and_leaves_no_descendant(tmp_path)
     kills what it left."""
     marker = str(tmp_path / "left-behind")
     script = f'"{sys.executable}" -c "import time; time.sleep(300)" {marker} & exit 3'
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.processes", str(os.getpid()), "--",
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.runtime.processes", str(os.getpid()), "--",
                            "sh", "-c", script], cwd=ROOT, timeout=60)
     assert proc.returncode == 3
     assert wait_until(lambda: not processes_mentioning(marker), 10), processes_mentioning(marker)
@@ -80,7 +80,7 @@ def test_the_guardian_returns_the_exit_status_and_leaves_no_descendant(tmp_path)
 
 def test_the_guardian_of_a_dead_parent_starts_nothing(tmp_path):
     marker = str(tmp_path / "never-started")
-    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.processes", "1", "--",
+    proc = subprocess.run([sys.executable, "-m", "convs2s_preprocess.runtime.processes", "1", "--",
                            sys.executable, "-c", "import time; time.sleep(300)", marker], cwd=ROOT, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
     assert not processes_mentioning(marker)
@@ -115,8 +115,8 @@ def test_pool_workers_leave_ctrl_c_to_the_command_and_die_of_sigterm():
     start with neither signal blocked: a worker that kept the inherited Python handler could
     lose a SIGTERM sent while it started, and Pool.terminate then waited for ever (seen on a
     rerun of convs2s-prepare); runtime blocks both across the fork until they are reset."""
-    from convs2s_preprocess.processes import exit_on_sigterm
-    from convs2s_preprocess.runtime import worker_pool
+    from convs2s_preprocess.runtime.processes import exit_on_sigterm
+    from convs2s_preprocess.runtime.pool import worker_pool
     before = signal.getsignal(signal.SIGTERM)
     exit_on_sigterm()
     try:

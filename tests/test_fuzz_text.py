@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sacremoses import MosesTokenizer
 
-from convs2s_preprocess.bpe import apply_bpe, learn_joint_bpe, remove_bpe
-from convs2s_preprocess.clean import keep_pair
+from convs2s_preprocess.stages.bpe import apply_bpe, learn_joint_bpe, remove_bpe
+from convs2s_preprocess.stages.clean import keep_pair
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import count_lines, read_lines, write_lines
-from convs2s_preprocess.tokenize import detokenize, normalize_and_tokenize, tokenize, tokenize_file
+from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokenize, tokenize, tokenize_file
 
 EXAMPLES = [pytest.param(40, id="few"), pytest.param(1000, id="many", marks=pytest.mark.slow)]
 LANGS = ["en", "de", "ro", "fr"]

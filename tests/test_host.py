@@ -1,4 +1,4 @@
-"""Issue 54, item 3: one home per rule. preprocess/host.py (usable cores and the default worker
+"""Issue 54, item 3: one home per rule. preprocess/runtime/host.py (usable cores and the default worker
 count under a cgroup quota, the user's cache folder, the process tree) and atomic.atomic_file,
 on the real filesystem and real processes; and that the plugin, the recipes and the
 benchmarks use them rather than rules of their own."""
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from convs2s_preprocess import host
-from convs2s_preprocess.atomic import atomic_file
+from convs2s_preprocess.runtime import host
+from convs2s_preprocess.runtime.atomic import atomic_file
 
 
 def test_a_cgroup_quota_caps_the_cores_and_the_default_workers(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import torch
 from cli_helpers import run, write_lines
 from conftest import ROOT
 from fairseq_convs2s_ext import ConvS2SModel
-from convs2s_preprocess.tokenize import normalize_and_tokenize
+from convs2s_preprocess.stages.tokenize import normalize_and_tokenize
 from tiny_runs import prepare, train
 
 USER_DIR = ROOT / "fairseq_convs2s_ext"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, ROOT
-from convs2s_preprocess.align import WORK_PREFIX, build_align_dict, find_aligner
+from convs2s_preprocess.stages.align import WORK_PREFIX, build_align_dict, find_aligner
 from faults import processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"

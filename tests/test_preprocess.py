@@ -18,17 +18,17 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from subword_nmt.learn_bpe import learn_bpe
 
 from conftest import BIN, DATA, ROOT
-from convs2s_preprocess.atomic import RECENT_SECONDS, record_path, run_step, temp_path
-from convs2s_preprocess.binarize import binarize
-from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
-from convs2s_preprocess.clean import clean_corpus, keep_pair
+from convs2s_preprocess.runtime.atomic import RECENT_SECONDS, record_path, run_step, temp_path
+from convs2s_preprocess.stages.binarize import binarize
+from convs2s_preprocess.stages.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe, remove_bpe_file
+from convs2s_preprocess.stages.clean import clean_corpus, keep_pair
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
-from convs2s_preprocess.postprocess import postprocess
-from convs2s_preprocess.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
+from convs2s_preprocess.stages.postprocess import postprocess
+from convs2s_preprocess.stages.romanian import normalise_romanian, normalize_romanian_line, remove_diacritics
 from convs2s_preprocess.textio import count_lines, read_lines
-from convs2s_preprocess.tokenize import (detokenize_file, guarded, normalize_and_tokenize, normalize_punctuation,
-                                 required_literal, tokenize, tokenize_file)
+from convs2s_preprocess.stages.tokenize import (detokenize_file, guarded, normalize_and_tokenize, normalize_punctuation,
+                                                required_literal, tokenize, tokenize_file)
 
 MULTI30K = DATA / "multi30k"
 RO_STS = DATA / "ro-sts-en-ro"
@@ -88,7 +88,7 @@ def test_bpe_codes_are_subword_nmts_on_the_text_for_any_workers(tmp_path, caplog
     with open(tmp_path / "reference", "w", encoding="utf-8") as codes, \
             contextlib.redirect_stderr(io.StringIO()):
         learn_bpe(itertools.chain.from_iterable(map(read_lines, paths)), codes, 800)
-    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.progress")  # a quick stage ends at debug
+    caplog.set_level(logging.DEBUG, logger="convs2s_preprocess.runtime.progress")  # a quick stage ends at debug
     for workers in (1, 2):
         learn_joint_bpe(paths, str(tmp_path / f"codes{workers}"), 800, workers=workers)
         assert (tmp_path / f"codes{workers}").read_text() == (tmp_path / "reference").read_text()
@@ -271,7 +271,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
     record = Path(record_path([str(out)]))
     script = textwrap.dedent(f"""
         import os, signal
-        from convs2s_preprocess.atomic import run_step
+        from convs2s_preprocess.runtime.atomic import run_step
         def action(temp):
             with open(temp, "w") as f:
                 f.write("partial\\n")
@@ -299,7 +299,7 @@ def test_killed_step_leaves_no_record_and_rerun_cleans(tmp_path):
 
 
 def test_step_is_reused_only_while_inputs_options_and_outputs_are_unchanged(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.runtime.atomic")
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     calls = []
@@ -337,7 +337,7 @@ def test_step_is_reused_only_while_inputs_options_and_outputs_are_unchanged(tmp_
 
 
 def test_outputs_without_a_record_are_rebuilt(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.runtime.atomic")
     inp, out = tmp_path / "in.txt", tmp_path / "out.txt"
     inp.write_text("data\n")
     out.write_text("written by an older version\n")
@@ -536,7 +536,7 @@ def _outputs(outdir: Path) -> dict:
 
 @needs_data
 def test_prepare_follows_a_corpus_replaced_in_place(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="convs2s_preprocess.atomic")
+    caplog.set_level(logging.INFO, logger="convs2s_preprocess.runtime.atomic")
     train = raw_pair(tmp_path, "train", 300)
     valid = raw_pair(tmp_path, "val", 100)
     out = tmp_path / "out"

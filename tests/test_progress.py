@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from convs2s_preprocess.progress import Progress
+from convs2s_preprocess.runtime.progress import Progress
 
 
 class Clock:
@@ -77,7 +77,7 @@ def test_a_quick_stage_ends_quietly_and_an_early_stop_promises_no_time_left(cloc
     """A stage over within the interval leaves its final line to the debug level (a 3,000-line
     corpus gave 20 lines of "100% ... in 0:00:00"); a stage stopped before its total (learning
     BPE when no pair is frequent enough) ended on "about 0:00:13 left"."""
-    caplog.set_level("DEBUG", logger="convs2s_preprocess.progress")
+    caplog.set_level("DEBUG", logger="convs2s_preprocess.runtime.progress")
     quick = Progress("tokenize", 3000, unit="lines", interval=10)
     quick.update(3000)
     clock.now += 1

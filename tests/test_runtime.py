@@ -1,4 +1,4 @@
-"""preprocess/runtime.py on real worker processes: results in order, state handed to the workers
+"""preprocess/runtime/pool.py on real worker processes: results in order, state handed to the workers
 by their fork, a normal end that terminates no one, and failures that stop every worker and
 say so in one line. tests/test_runtime_hang.py runs the stages under load and signals."""
 import os
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from convs2s_preprocess import runtime
+from convs2s_preprocess.runtime import pool
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.host import descendants
-from convs2s_preprocess.runtime import beside, map_batches, worker_pool
+from convs2s_preprocess.runtime.host import descendants
+from convs2s_preprocess.runtime.pool import beside, map_batches, worker_pool
 from faults import wait_until
 
 
@@ -86,7 +86,7 @@ def test_a_killed_worker_is_one_line_not_a_hang():
 
 
 def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(monkeypatch):
-    monkeypatch.setattr(runtime, "STOP_SECONDS", 0.5)
+    monkeypatch.setattr(pool, "STOP_SECONDS", 0.5)
     started = time.monotonic()
     with pytest.raises(KeyError):
         with worker_pool(2) as pool:

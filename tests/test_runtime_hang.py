@@ -2,7 +2,7 @@
 
 ``convs2s-prepare`` once waited for ever on a busy machine: a pool that ended soon after it
 started stopped its workers with SIGTERM, a worker that was still starting lost the signal,
-and the pool waited for that worker (preprocess/runtime.py's docstring). Here the parallel
+and the pool waited for that worker (preprocess/runtime/pool.py's docstring). Here the parallel
 stages run many times on tiny inputs with 2 to 4 workers while a CPU hog keeps every core
 busy (so that workers start slowly), and SIGTERM (a batch scheduler's, to the command) or
 SIGINT (Ctrl-C's, to its whole process group) comes at a random moment: anywhere in the run
@@ -50,7 +50,7 @@ LOG_LINE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \| "
 DRIVER = """
 import logging, sys
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.processes import exit_on_sigterm
+from convs2s_preprocess.runtime.processes import exit_on_sigterm
 logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(message)s")
 exit_on_sigterm()
 logging.info("started")
@@ -62,10 +62,10 @@ except KeyboardInterrupt:
     sys.exit("interrupted")
 """
 STAGES = {
-    "binarize": "from convs2s_preprocess.binarize import binarize; "
+    "binarize": "from convs2s_preprocess.stages.binarize import binarize; "
                 "binarize('bin', 'en', 'de', trainpref='train', validpref='valid', workers={workers})",
     # shards of 50 words: the merges are learned in the workers too
-    "bpe": "from convs2s_preprocess import bpe; bpe.SHARD_WORDS = 50; "
+    "bpe": "from convs2s_preprocess.stages import bpe; bpe.SHARD_WORDS = 50; "
            "bpe.learn_joint_bpe(['train.en', 'train.de'], 'codes', 300, {workers}); "
            "bpe.apply_bpe_file('codes', 'train.en', 'train.bpe.en', {workers})",
 }
@@ -77,7 +77,7 @@ def _argv(stage: str, workers: int, align: bool) -> list:
                 "--trainpref", "train", "--validpref", "valid", "-o", "out", "--bpe-merges", "100",
                 "--workers", str(workers), *(["--align-dict"] if align else [])]
     if stage == "align-dict":
-        return [sys.executable, "-m", "convs2s_preprocess.align", "--src", "train.en", "--tgt",
+        return [sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", "train.en", "--tgt",
                 "train.de", "-o", "align.dict", "--aligner", "builtin", "--workers", str(workers)]
     return [sys.executable, "-c", DRIVER.format(stage=STAGES[stage].format(workers=workers))]
 

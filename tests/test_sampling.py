@@ -15,9 +15,10 @@ import pytest
 from subword_nmt.learn_bpe import get_vocabulary, learn_bpe
 
 from conftest import DATA, ROOT
-from convs2s_preprocess import bpe, fastalign
-from convs2s_preprocess.align import Aligner, build_align_dict
-from convs2s_preprocess.bpe import learn_joint_bpe
+from convs2s_preprocess.aligner import fastalign
+from convs2s_preprocess.stages import bpe
+from convs2s_preprocess.stages.align import Aligner, build_align_dict
+from convs2s_preprocess.stages.bpe import learn_joint_bpe
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.pipeline import prepare
 from convs2s_preprocess.textio import spread_evenly
@@ -126,7 +127,7 @@ def _reference_pairs(tmp_path, n):
 @needs_reference
 def test_align_dict_trained_on_a_sample_aligns_every_pair_and_rebuilds_when_it_changes(tmp_path, caplog):
     src, tgt = _reference_pairs(tmp_path, 1500)
-    aligner = Aligner("builtin", (sys.executable, "-m", "convs2s_preprocess.fastalign"))
+    aligner = Aligner("builtin", (sys.executable, "-m", "convs2s_preprocess.aligner.fastalign"))
     out = str(tmp_path / "align.dict")
     caplog.set_level(logging.INFO)
     scratch = tmp_path / "scratch"  # --tmpdir: the aligner's work folder goes there

@@ -6,7 +6,7 @@ import signal
 import subprocess
 
 from conftest import BIN, ROOT
-from convs2s_preprocess.locking import LOCK_NAME
+from convs2s_preprocess.runtime.locking import LOCK_NAME
 from faults import wait_until
 
 BOUND = 120  # seconds any of these trainings may take to start, refuse or finish on 2 busy cores

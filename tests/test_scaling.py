@@ -14,8 +14,8 @@ import pytest
 from bench.scaling import (FIXED_PAIRS, SERIAL, STAGES, TARGETS, base_pairs, build_corpus, extrapolate, measured_serial,
                            measure, ours, serial_from_walls, totals, training_seconds, _with_earlier)
 from conftest import DATA, ROOT
-from convs2s_preprocess.align import DEFAULT_TRAIN_SAMPLE
-from convs2s_preprocess.progress import Progress
+from convs2s_preprocess.stages.align import DEFAULT_TRAIN_SAMPLE
+from convs2s_preprocess.runtime.progress import Progress
 
 needs_data = pytest.mark.skipif(not (DATA / "multi30k").is_dir() or not (DATA / "wmt14-en-de").is_dir(),
                                 reason=f"Multi30k or WMT14 en-de not found under {DATA}")

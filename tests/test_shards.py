@@ -1,6 +1,6 @@
 """Issue 35: a stage of a pipeline step (tokenize, apply BPE, binarize, the builtin aligner's
 decoding) writes its output in shards, and a rerun after a kill reuses the finished ones
-(preprocess/shards.py), on real runs, no mocks: convs2s-prepare and convs2s-align-dict
+(preprocess/runtime/shards.py), on real runs, no mocks: convs2s-prepare and convs2s-align-dict
 killed with SIGKILL, and steps stopped by a real error
 (invalid UTF-8 part-way through the input) in this process. Shards are made small with the
 documented CONVS2S_SHARD_LINES.
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from convs2s_preprocess.atomic import run_step, shard_folder
-from convs2s_preprocess import parallel
-from convs2s_preprocess.binarize import binarize
-from convs2s_preprocess.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe
+from convs2s_preprocess.runtime.atomic import run_step, shard_folder
+from convs2s_preprocess.runtime import parallel
+from convs2s_preprocess.stages.binarize import binarize
+from convs2s_preprocess.stages.bpe import apply_bpe_file, learn_joint_bpe, remove_bpe
 from convs2s_preprocess.errors import PreprocessError
-from convs2s_preprocess.parallel import map_file
-from convs2s_preprocess.shards import MANIFEST, SHARD_VARIABLE
-from convs2s_preprocess.tokenize import tokenize_file
+from convs2s_preprocess.runtime.parallel import map_file
+from convs2s_preprocess.runtime.shards import MANIFEST, SHARD_VARIABLE
+from convs2s_preprocess.stages.tokenize import tokenize_file
 from faults import ENV, command, processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"

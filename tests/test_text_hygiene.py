@@ -13,7 +13,7 @@ import pytest
 
 from conftest import BIN, DATA
 from convs2s_preprocess.textio import read_lines, scrub
-from convs2s_preprocess.tokenize import normalize_and_tokenize, normalize_punctuation, tokenize, tokenize_file
+from convs2s_preprocess.stages.tokenize import normalize_and_tokenize, normalize_punctuation, tokenize, tokenize_file
 
 
 @pytest.mark.parametrize("line, lang, tokens", [
@@ -42,14 +42,14 @@ def test_text_without_them_is_unchanged():
 def test_tokenizing_a_file_logs_what_was_changed(tmp_path, caplog):
     raw = tmp_path / "train.de"
     raw.write_bytes("\ufeffZwei Hunde.\nEin Mann\0mit\0Hut.\nOhne.\n".encode("utf-8"))
-    with caplog.at_level(logging.INFO, logger="convs2s_preprocess.tokenize"):
+    with caplog.at_level(logging.INFO, logger="convs2s_preprocess.stages.tokenize"):
         assert tokenize_file(str(raw), str(tmp_path / "tok"), "de") == 3
     assert list(read_lines(str(tmp_path / "tok"))) == ["Zwei Hunde .", "Ein Mann mit Hut .", "Ohne ."]
     assert f"tokenize {raw}: 2 control characters (NUL, ...) became spaces, 1 byte-order marks at the start of a " \
            f"line were removed (the first: line 1)" in caplog.messages
     caplog.clear()
     (tmp_path / "clean.de").write_text("Zwei Hunde.\n", encoding="utf-8")
-    with caplog.at_level(logging.INFO, logger="convs2s_preprocess.tokenize"):
+    with caplog.at_level(logging.INFO, logger="convs2s_preprocess.stages.tokenize"):
         tokenize_file(str(tmp_path / "clean.de"), str(tmp_path / "tok2"), "de")
     assert not [m for m in caplog.messages if "control characters" in m]
 

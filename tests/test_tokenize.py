@@ -1,6 +1,6 @@
 """Issue 35: the faster tokenizer gives sacremoses' text, line for line (no mocks).
 
-``convs2s_preprocess.tokenize`` runs sacremoses' normalizer and tokenizer through copies of
+``convs2s_preprocess.stages.tokenize`` runs sacremoses' normalizer and tokenizer through copies of
 their steps that skip, reorder and rewrite rules for speed; each test here compares the text
 with what sacremoses' own classes give: on real news and caption text in every language the
 recipes tokenize, and on random text made of the characters those rewrites reason about.
@@ -15,10 +15,10 @@ import pytest
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from conftest import DATA
-from convs2s_preprocess.romanian import normalize_romanian_line
+from convs2s_preprocess.stages.romanian import normalize_romanian_line
 from convs2s_preprocess.textio import read_lines
-from convs2s_preprocess.tokenize import (FasterMosesTokenizer, FasterPunctNormalizer,
-                                         normalize_and_tokenize, required_text, tokenize)
+from convs2s_preprocess.stages.tokenize import (FasterMosesTokenizer, FasterPunctNormalizer,
+                                                normalize_and_tokenize, required_text, tokenize)
 
 
 class SacremosesTokenizer(MosesTokenizer):

@@ -20,7 +20,7 @@ from fairseq.tasks import setup_task
 from fairseq.utils import load_align_dict
 
 from fairseq_convs2s_ext.data import SourceTextError
-from convs2s_preprocess.align import find_aligner
+from convs2s_preprocess.stages.align import find_aligner
 from convs2s_preprocess.errors import PreprocessError
 
 from cli_helpers import run

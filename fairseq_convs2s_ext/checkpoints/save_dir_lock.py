@@ -6,7 +6,7 @@ run dies renaming a file the other already moved, and the folder ends with
 ``checkpoint_last.pt`` of one run beside ``checkpoint_N.pt`` of the other; with the same seed
 both finish and nothing says so. So a training with the plugin's task takes the same lock on
 its ``--save-dir`` as ``convs2s-prepare`` takes on its output folder
-(:func:`convs2s_preprocess.locking.output_lock`: an exclusive ``flock`` on a file in the
+(:func:`convs2s_preprocess.runtime.locking.output_lock`: an exclusive ``flock`` on a file in the
 folder, holding the run's pid and command line). The second run stops before it reads or
 writes anything there, with one line naming the first; the lock of a run that was killed is
 released by the kernel with its process and taken over by the next. Only the process of rank
@@ -15,7 +15,7 @@ released by the kernel with its process and taken over by the next. Only the pro
 import atexit
 from contextlib import ExitStack
 
-from convs2s_preprocess.locking import FolderInUse, output_lock
+from convs2s_preprocess.runtime.locking import FolderInUse, output_lock
 
 from .errors import CheckpointError
 

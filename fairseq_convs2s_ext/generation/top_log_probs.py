@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from convs2s_preprocess.atomic import atomic_file
+from convs2s_preprocess.runtime.atomic import atomic_file
 
 logger = logging.getLogger(__name__)
 

@@ -6,17 +6,17 @@ empty, either side has more than ``max_len`` tokens, or (unless ``ratio`` is Non
 side is more than ``ratio`` times as long as the other. Lengths are counted in
 whitespace-separated tokens of the tokenized text. Valid and test sets are never cleaned.
 
-In parallel, by chunks of :data:`CHUNK_LINES` pairs (:func:`.parallel.map_chunks_into`): each
+In parallel, by chunks of :data:`CHUNK_LINES` pairs (:func:`..runtime.parallel.map_chunks_into`): each
 worker reads its chunk of both files itself, decodes and judges the pairs, and writes the ones
 it keeps to part files, which this process appends to the outputs in order.
 """
 import functools
 from typing import List, Optional
 
-from .errors import PreprocessError
-from .parallel import LineChunk, map_chunks_into, parallel_chunks, parts_folder, read_chunk
-from .progress import Progress
-from .textio import decode_line
+from ..errors import PreprocessError
+from ..runtime.parallel import LineChunk, map_chunks_into, parallel_chunks, parts_folder, read_chunk
+from ..runtime.progress import Progress
+from ..textio import decode_line
 
 DEFAULT_MAX_LEN = 175
 DEFAULT_RATIO = 1.5

@@ -5,7 +5,7 @@ treat each line on their own. Handing every line to the workers would keep this 
 busier than they are (on 16 cores that held tokenizing to 3.1 times the speed of 2 workers,
 bench/cores.py), so this process only finds where every so many lines of the files begin
 (:func:`line_chunks`, a scan of newlines), and each worker reads its chunk of the files
-itself (:func:`read_chunk`); what it makes goes back as its result (:func:`.runtime.map_batches`) or
+itself (:func:`read_chunk`); what it makes goes back as its result (:func:`.pool.map_batches`) or
 to part files that this process appends to the outputs in order (:func:`map_chunks_into`,
 which :func:`map_file` uses). What must be gathered by key over every chunk (the distinct
 words to segment, the aligner's links to count) a chunk's worker writes to a file in
@@ -29,11 +29,11 @@ import shutil
 from typing import BinaryIO, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .atomic import StepOutput, remove_path, running_step, shard_folder
-from .errors import PreprocessError
+from ..errors import PreprocessError
 from .progress import Progress
-from .runtime import map_batches
+from .pool import map_batches
 from .shards import Shards, shard_lines
-from .textio import check_parallel, count_lines, decode_line
+from ..textio import check_parallel, count_lines, decode_line
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ class LineChunk(NamedTuple):
 
 def _scan(path: str, firsts: Iterator[int]) -> Tuple[int, List[int]]:
     """(lines, offsets): the number of lines of ``path`` (a last one without a newline
-    counts, as in :func:`.textio.count_lines`) and the byte offsets where the lines numbered
+    counts, as in :func:`..textio.count_lines`) and the byte offsets where the lines numbered
     ``firsts`` (from 0, increasing; it may go on past the file) begin, the file's end
     standing for the line after the last. Only ``b"\n"`` ends a line, as in
-    :func:`.textio.read_lines`."""
+    :func:`..textio.read_lines`."""
     offsets, newlines, offset, last = [], 0, 0, b"\n"
     wanted = next(firsts, None)
     with open(path, "rb") as f:
@@ -97,7 +97,7 @@ def line_chunks(paths: Sequence[str], chunk_lines: int) -> Tuple[List[int], List
 
 def parallel_chunks(src_path: str, tgt_path: str, chunk_lines: int) -> Tuple[int, List[LineChunk]]:
     """(pairs, chunks) of a parallel corpus' two files (:func:`line_chunks`); files of
-    different lengths fail as :func:`.textio.check_parallel` says."""
+    different lengths fail as :func:`..textio.check_parallel` says."""
     (total, tgt_total), chunks = line_chunks([src_path, tgt_path], chunk_lines)
     if tgt_total != total:
         check_parallel(src_path, tgt_path)  # fails, naming both counts
@@ -121,7 +121,7 @@ def map_chunks_into(fn: Callable[..., object], chunks: Sequence[LineChunk],
     process appends to the outputs, in order, and removes. The folder is made anew (a killed
     run's is removed first), holds the parts in flight at most, and is removed at the end,
     or when the caller stops early or fails. ``fn`` and ``shared`` (``fn(shared, chunk,
-    parts)`` where given): as for :func:`.runtime.map_batches`."""
+    parts)`` where given): as for :func:`.pool.map_batches`."""
     def parts(chunk: LineChunk) -> List[str]:
         return [os.path.join(folder, f"{chunk.index:06d}.{i}") for i in range(len(outputs))]
 
@@ -227,7 +227,7 @@ def map_file(fn: Callable, in_path: str, out_path: str, workers: int = 1,
     applied in ``workers`` processes that each read, map and write chunks of the file
     (:func:`map_chunks_into`); return the number of lines. ``chunked``: ``fn`` maps a
     chunk's lines (a list of :data:`MAP_CHUNK_LINES` or fewer) to theirs at once.
-    ``shared``: the workers' state, passed to ``fn`` first (:func:`.runtime.map_batches`). Logs
+    ``shared``: the workers' state, passed to ``fn`` first (:func:`.pool.map_batches`). Logs
     ``stage``'s progress in lines. Where ``out_path`` is an output of a running step, in
     shards that a rerun reuses (see the module's documentation)."""
     total = count_lines(in_path)

@@ -11,7 +11,7 @@ through subclasses that give the same text about 6 times faster than before issu
 times faster than Moses' perl scripts (210,018 lines of English, newstest2013-14 and
 Multi30k's training set 6 times, in one process: 14.2 CPU-s before, 2.4 after, perl 9.9;
 German 16.1, 3.3 and 10.3; French 20.8, 3.4 and 12.5; best of 3 on an AMD EPYC shared with
-other work), and a file's lines go to every core in batches (:mod:`.parallel`).
+other work), and a file's lines go to every core in batches (:mod:`..runtime.parallel`).
 """
 import functools
 import logging
@@ -26,9 +26,9 @@ from typing import Iterator, Optional, Tuple
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
-from .parallel import map_file
+from ..runtime.parallel import map_file
 from .romanian import normalize_romanian_line
-from .textio import scrub, scrubbed
+from ..textio import scrub, scrubbed
 
 logger = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ def detokenize(line: str, lang: str) -> str:
 
 
 def normalize_and_tokenize(line: str, lang: str, romanian: bool = False) -> str:
-    """The WMT16 per-line chain, after :func:`.textio.scrub` (control characters become spaces,
+    """The WMT16 per-line chain, after :func:`..textio.scrub` (control characters become spaces,
     a leading byte-order mark goes); ``romanian`` adds the Romanian normalization steps."""
     line = normalize_punctuation(scrub(line), lang)
     if romanian:

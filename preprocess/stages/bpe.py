@@ -20,13 +20,13 @@ import numpy as np
 from subword_nmt.apply_bpe import BPE
 from subword_nmt.learn_bpe import get_pair_statistics, replace_pair, update_pair_statistics
 
-from .atomic import remove_path
-from .errors import PreprocessError
-from .parallel import (LineChunk, batched, line_chunks, map_file, partition_sections, read_chunk,
-                       read_section, write_partitions)
-from .progress import Progress
-from .runtime import map_batches, servers
-from .textio import count_lines, decode_line, in_sample
+from ..runtime.atomic import remove_path
+from ..errors import PreprocessError
+from ..runtime.parallel import (LineChunk, batched, line_chunks, map_file, partition_sections, read_chunk,
+                                read_section, write_partitions)
+from ..runtime.progress import Progress
+from ..runtime.pool import map_batches, servers
+from ..textio import count_lines, decode_line, in_sample
 
 DEFAULT_MERGES = 40000
 # convs2s-prepare learns the codes from at most this many pairs of a larger corpus
@@ -70,7 +70,7 @@ def _words(line: str) -> list:
 
 def _count_words(path: str, kept: int, total: int, chunk: LineChunk) -> tuple:
     """(lines counted, word counts) of the lines of ``chunk`` of ``path`` that a sample of
-    ``kept`` of its ``total`` lines holds (:func:`.textio.spread_evenly`'s), split as
+    ``kept`` of its ``total`` lines holds (:func:`..textio.spread_evenly`'s), split as
     subword-nmt's ``get_vocabulary`` splits them, in order of first occurrence."""
     counts, counted = Counter(), 0
     for number, raw in enumerate(read_chunk(path, chunk, 0), chunk.first):
@@ -236,7 +236,7 @@ def _summed(frequencies: list) -> defaultdict:
 
 class WordShards:
     """The words of the vocabulary dealt out to this process and the workers at the other
-    end of ``connections`` (:func:`.runtime.servers` running :func:`_serve_words`): each
+    end of ``connections`` (:func:`..runtime.pool.servers` running :func:`_serve_words`): each
     merge is made in every shard at once, and the changes to the pair frequencies are
     summed. Merging in the words and finding those changes is four fifths of subword-nmt's
     learning time; the sums are of integers, so the frequencies are the same for any number
@@ -453,7 +453,7 @@ class SplitWords(NamedTuple):
 
 def _segment_known(split: SplitWords, lines: list) -> list:
     """``BPE.segment(line)`` of each of ``lines``, whose words ``split`` holds: the pools'
-    shared state (:func:`.runtime.map_batches`), which the workers get with their fork, not
+    shared state (:func:`..runtime.pool.map_batches`), which the workers get with their fork, not
     pickled with every chunk."""
     # two spaces in a row, or an empty line: subword-nmt skips the empty words
     lines_words = ([word for word in words if word] if "" in words else words

@@ -58,9 +58,9 @@ from typing import Iterable, List, NamedTuple, Tuple
 
 import numpy as np
 
-from .parallel import LineChunk, line_chunks, read_chunk
-from .progress import Progress
-from .runtime import map_batches
+from ..runtime.parallel import LineChunk, line_chunks, read_chunk
+from ..runtime.progress import Progress
+from ..runtime.pool import map_batches
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ def corpus_pair(line: bytes, corpus: str, number: int) -> Tuple[list, list]:
 # The workers' functions below take ``shared`` first: what :func:`train` has made so far (the
 # corpus, the work folder, the settings, the chunks, the table's keys, the tension), the
 # pools' shared state, which each pool's workers get with their fork (shared pages, not
-# copies: :func:`.runtime.map_batches`).
+# copies: :func:`..runtime.pool.map_batches`).
 
 def _path(shared: dict, index: int, name: str) -> str:
     return os.path.join(shared["workdir"], f"{index:06d}.{name}.npy")

@@ -53,8 +53,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
-from .errors import PreprocessError, full_disk_reported
-from .textio import count_lines
+from ..errors import PreprocessError, full_disk_reported
+from ..textio import count_lines
 
 logger = logging.getLogger(__name__)
 

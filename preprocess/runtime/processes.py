@@ -11,14 +11,14 @@ started itself (``eflomal-align`` runs an ``eflomal`` binary):
 - SIGKILL of the parent, which nothing can catch: on Linux the kernel signals a child whose
   parent dies if the child asked for it (``prctl(PR_SET_PDEATHSIG)``), but that request is
   not inherited by the processes the child starts. So :func:`run_child` starts a guardian,
-  ``python -m convs2s_preprocess.processes PARENT_PID -- COMMAND...``, that asks for SIGTERM
+  ``python -m convs2s_preprocess.runtime.processes PARENT_PID -- COMMAND...``, that asks for SIGTERM
   at its parent's death, becomes the "subreaper" of what it starts
   (``PR_SET_CHILD_SUBREAPER``: orphaned descendants become its children, not init's), and
   runs the command; on SIGTERM, and after the command ends, it SIGKILLs every descendant
   it has, whatever process group or session they moved to. The command itself also gets
   SIGKILL at the guardian's death.
 
-The package's own worker processes (:mod:`.runtime`) ask for SIGKILL at the command's death
+The package's own worker processes (:mod:`.pool`) ask for SIGKILL at the command's death
 with :func:`die_with_parent`.
 """
 import ctypes
@@ -33,7 +33,7 @@ from .host import descendants
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PR_SET_CHILD_SUBREAPER = 36
-GUARDIAN_MODULE = "convs2s_preprocess.processes"
+GUARDIAN_MODULE = "convs2s_preprocess.runtime.processes"
 
 
 def exit_on_sigterm() -> None:

@@ -29,7 +29,7 @@ import sys
 from contextlib import contextmanager, suppress
 from typing import Iterator
 
-from .errors import PreprocessError
+from ..errors import PreprocessError
 
 logger = logging.getLogger(__name__)
 

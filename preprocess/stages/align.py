@@ -16,13 +16,13 @@ process:
 - ``fast_align``: the binary, when it is on PATH or given with ``--fast-align PATH``.
 - ``builtin``: otherwise: fast_align's model, trained and decoded by this package in
   ``--workers`` processes (by default the cores available), run as ``python -m
-  convs2s_preprocess.fastalign`` (see there and :mod:`.fastalign_em`: fast_align's EM
+  convs2s_preprocess.aligner.fastalign`` (see there and :mod:`..aligner.fastalign_em`: fast_align's EM
   training and forward decision, the same model for any number of processes and on every
   run). On Multi30k its dictionary is the binary's. On a corpus of more than
   ``--train-sample N`` pairs (default
   :data:`DEFAULT_TRAIN_SAMPLE`) the model is trained on N pairs spread over the corpus and
   every pair is aligned with it: training time and memory stop growing with the corpus
-  (see :mod:`.fastalign`; what it costs the dictionary is on the performance page).
+  (see :mod:`..aligner.fastalign`; what it costs the dictionary is on the performance page).
   ``--train-sample 0`` trains on every pair whatever the corpus' size.
 - ``eflomal``: only when asked for: ``eflomal-align`` (``pip install eflomal``, GPL-3,
   never imported), a different aligner, whose dictionary changes from run to run.
@@ -39,13 +39,13 @@ links and their counts (on 300,000 built pairs 1.8 times as large as the two tok
 files together), and is removed when
 it ends, fails, or is stopped by SIGINT or SIGTERM (which also stop the aligner). A
 SIGKILL, which nothing can catch, leaves the folder behind (on Linux the kernel still
-stops the aligner, see :mod:`.processes`): the next run removes the folders of processes
+stops the aligner, see :mod:`..runtime.processes`): the next run removes the folders of processes
 of this host that no longer exist.
 
 What the builtin aligner finishes outlives an interrupted or killed run: its trained model
 and the links of each finished shard of pairs are kept in ``aligner/`` of the step's shard
-folder, ``.NAME.shards/`` beside the output (:mod:`.shards`, ``python -m
-convs2s_preprocess.fastalign --keep``), and the rerun on the same inputs and options loads
+folder, ``.NAME.shards/`` beside the output (:mod:`..runtime.shards`, ``python -m
+convs2s_preprocess.aligner.fastalign --keep``), and the rerun on the same inputs and options loads
 the model instead of training again and decodes only the shards not done. Writing the
 aligner's input and counting the links start over.
 
@@ -76,17 +76,17 @@ from collections import Counter, defaultdict
 from itertools import zip_longest
 from typing import Iterable, Iterator, NamedTuple, Optional
 
-from .atomic import run_step, running_step, shard_folder
-from .errors import PreprocessError, full_disk_reported
-from .locking import output_lock
-from .host import default_workers
-from .parallel import (LineChunk, line_chunks, map_chunks_into, parallel_chunks,
-                       partition_sections, read_chunk, read_section, write_partitions)
-from .progress import Progress, relay_log_lines, watching
-from .processes import exit_on_sigterm, process_exists, run_child
-from .runtime import map_batches
-from .shards import step_folder
-from .textio import count_lines, decode_line, read_lines, sample_option, write_lines
+from ..runtime.atomic import run_step, running_step, shard_folder
+from ..errors import PreprocessError, full_disk_reported
+from ..runtime.locking import output_lock
+from ..runtime.host import default_workers
+from ..runtime.parallel import (LineChunk, line_chunks, map_chunks_into, parallel_chunks,
+                                partition_sections, read_chunk, read_section, write_partitions)
+from ..runtime.progress import Progress, relay_log_lines, watching
+from ..runtime.processes import exit_on_sigterm, process_exists, run_child
+from ..runtime.pool import map_batches
+from ..runtime.shards import step_folder
+from ..textio import count_lines, decode_line, read_lines, sample_option, write_lines
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ SEPARATOR = "|||"
 # fast_align's options for the paper's dictionary, as the Lua fairseq ran it: favour the
 # diagonal (-d), optimize its tension (-o), Dirichlet prior on the translation tables (-v);
 # NULL word, p0 = 0.08 and 5 iterations are fast_align's defaults. The binary and
-# ``python -m convs2s_preprocess.fastalign`` take them alike.
+# ``python -m convs2s_preprocess.aligner.fastalign`` take them alike.
 FAST_ALIGN_SETTINGS = ("-d", "-o", "-v")
 ALIGNERS = ("fast_align", "builtin", "eflomal")
 EXECUTABLES = {"fast_align": "fast_align", "eflomal": "eflomal-align"}
@@ -159,7 +159,7 @@ def default_search_path() -> str:
 def installed_command(name: str, search_path: str) -> Optional[tuple]:
     """The command that starts aligner ``name``, or None if it is not installed."""
     if name == "builtin":
-        return sys.executable, "-m", "convs2s_preprocess.fastalign"
+        return sys.executable, "-m", "convs2s_preprocess.aligner.fastalign"
     executable = shutil.which(EXECUTABLES[name], path=search_path)
     return (executable,) if executable else None
 

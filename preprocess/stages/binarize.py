@@ -35,11 +35,11 @@ lines at a time (:func:`write_index`): fairseq's writer takes the lengths as a l
 builds a Python list of every line's offset, some 40 bytes a line, which made binarizing
 36,000,000 built pairs peak at 2.6 GiB; here a line costs the 4 bytes of its length.
 
-Resumable in a step (:func:`.atomic.run_step`, as ``convs2s-prepare`` runs it): the
-dictionaries and each file's ids are kept in shards (:mod:`.shards`) in the step's
+Resumable in a step (:func:`..runtime.atomic.run_step`, as ``convs2s-prepare`` runs it): the
+dictionaries and each file's ids are kept in shards (:mod:`..runtime.shards`) in the step's
 ``.NAME.shards/`` folder, where a rerun after a kill finds them: ``dict.LANG.txt`` once the
 words are counted, and ``SPLIT.LANG/`` with a shard of the ids and the lines' lengths per
-:func:`.shards.shard_lines` lines of the text. A rerun derived from the same inputs and
+:func:`..runtime.shards.shard_lines` lines of the text. A rerun derived from the same inputs and
 options loads the dictionaries instead of counting again, binarizes the shards not yet
 finished, and puts the files together from the shards.
 """
@@ -52,13 +52,13 @@ from collections import Counter, deque
 from operator import itemgetter
 from typing import BinaryIO, Iterable, Iterator, List, Optional
 
-from .atomic import atomic_outputs, running_step
-from .errors import PreprocessError
-from .parallel import changed_while_read, line_starts
-from .progress import Progress
-from .runtime import map_batches, stopping_deferred
-from .shards import Shards, shard_lines, step_folder
-from .textio import count_lines, read_lines
+from ..runtime.atomic import atomic_outputs, running_step
+from ..errors import PreprocessError
+from ..runtime.parallel import changed_while_read, line_starts
+from ..runtime.progress import Progress
+from ..runtime.pool import map_batches, stopping_deferred
+from ..runtime.shards import Shards, shard_lines, step_folder
+from ..textio import count_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _binarize_chunk(vocab, task: tuple) -> tuple:
     """Write the ids of a byte range's lines to ``OUT_PATH`` (a worker's job); return the
     path, the lines' lengths (eos included) and how many words ``<unk>`` replaced, counted
     as fairseq's binarizer counts them. ``vocab``: the pool's shared state
-    (:func:`.runtime.map_batches`), which the workers get with their fork: pickled with each
+    (:func:`..runtime.pool.map_batches`), which the workers get with their fork: pickled with each
     chunk's task, it would cost tens of MB a chunk for a word-level vocabulary."""
     import numpy as np
     from fairseq.data.indexed_dataset import best_fitting_int_dtype
@@ -221,7 +221,7 @@ def binarize_file(vocab, in_path: str, out_prefix: str, workers: int,
                   shards_in: Optional[str] = None, derived_from: Optional[dict] = None):
     """``OUT_PREFIX.bin``/``.idx`` from the lines of ``in_path``; fairseq's BinarizeSummary.
     With ``shards_in``, a folder, in shards there that a run derived from the same
-    ``derived_from`` (the step's origin, which decides the dictionary) reuses (:mod:`.shards`)."""
+    ``derived_from`` (the step's origin, which decides the dictionary) reuses (:mod:`..runtime.shards`)."""
     from fairseq.data.indexed_dataset import (best_fitting_int_dtype, data_file_path,
                                               index_file_path)
 

@@ -11,8 +11,8 @@ computes the others; any difference discards them all (logged as ``not resuming`
 step removes the folder once its outputs are in place: a stage needs about twice its
 output's disk. A kill loses at most the shards being written.
 
-Tokenizing and applying BPE (:func:`.parallel.map_file`), binarizing (:mod:`.binarize`) and
-the builtin aligner's decoding (:mod:`.fastalign`, in :mod:`.align`'s step) shard their
+Tokenizing and applying BPE (:func:`.parallel.map_file`), binarizing (:mod:`..stages.binarize`) and
+the builtin aligner's decoding (:mod:`..aligner.fastalign`, in :mod:`..stages.align`'s step) shard their
 input by :func:`shard_lines` lines (1,000,000, or ``CONVS2S_SHARD_LINES``).
 """
 import json
@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import BinaryIO, Iterator, List, Tuple
 
 from .atomic import StepOutput, atomic_outputs, remove_path, shard_folder
-from .errors import PreprocessError
+from ..errors import PreprocessError
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``python -m convs2s_preprocess.fastalign -i CORPUS -d -o -v``: fast_align without its binary.
+"""``python -m convs2s_preprocess.aligner.fastalign -i CORPUS -d -o -v``: fast_align without its binary.
 
 Writes what ``fast_align -i CORPUS -d -o -v`` writes (Dyer et al., 2013; the Lua fairseq
 builds the paper's dictionary from it): the forward alignment of each ``source ||| target``
@@ -21,7 +21,7 @@ runs of the binary differ from each other (``tests/test_fastalign_em.py``).
 Decoding is per pair, so ``--workers N`` also decodes chunks of the corpus in N processes
 forked after training, which share the table: each reads its chunk of the file itself and
 writes its links to a part file that this process appends to the output
-(:func:`.parallel.map_chunks_into`), so that this process is not the one every line passes
+(:func:`..runtime.parallel.map_chunks_into`), so that this process is not the one every line passes
 through. A worker decodes a few hundred pairs at a time in one numpy computation
 (:func:`forward_links`), looking each distinct word pair up once, in order.
 
@@ -36,7 +36,7 @@ performance page), which chose ``convs2s-align-dict``'s default.
 
 ``--keep DIR`` makes a killed run resumable (``convs2s-align-dict`` keeps DIR in its step's
 shard folder): the trained model is saved in DIR, and the links are decoded in shards of
-:func:`.shards.shard_lines` pairs (:mod:`.shards`), each kept in DIR once complete. A rerun
+:func:`..runtime.shards.shard_lines` pairs (:mod:`..runtime.shards`), each kept in DIR once complete. A rerun
 on the same corpus (its sha256) with the same options loads the model instead of training
 and decodes only the shards not yet done; anything else discards DIR's contents.
 """
@@ -52,13 +52,13 @@ from typing import Optional
 
 import numpy as np
 
-from .atomic import atomic_outputs, fingerprint
+from ..runtime.atomic import atomic_outputs, fingerprint
 from .fastalign_em import (NULL, PROB_ALIGN_NULL, Settings, TranslationTable, corpus_pair,
                            diagonal_prior, train)
-from .parallel import LineChunk, line_chunks, map_chunks_into, read_chunk
-from .progress import Progress
-from .shards import Shards, shard_lines
-from .textio import spread_evenly
+from ..runtime.parallel import LineChunk, line_chunks, map_chunks_into, read_chunk
+from ..runtime.progress import Progress
+from ..runtime.shards import Shards, shard_lines
+from ..textio import spread_evenly
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _decode_chunk(decoder: dict, chunk: LineChunk, parts: list) -> None:
     """Write the links of the corpus' ``chunk`` to ``parts[0]``, decoding at most
     :data:`DECODE_SCORES` scores at a time (one pair, whatever its size, for a long pair).
     ``decoder``: the corpus and the model, the pool's shared state, which the workers get
-    with their fork (shared pages, not copies: :func:`.runtime.map_batches`)."""
+    with their fork (shared pages, not copies: :func:`..runtime.pool.map_batches`)."""
     with open(parts[0], "w", encoding="utf-8", newline="\n") as out:
         def decode(pairs: list) -> None:
             out.write("".join(links + "\n" for links in forward_links(pairs, **decoder["model"])))
@@ -236,7 +236,7 @@ def align(corpus: str, settings: Settings, out, workers: int = 1, sample: int = 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m convs2s_preprocess.fastalign",
+        prog="python -m convs2s_preprocess.aligner.fastalign",
         description="fast_align's forward alignment (Pharaoh links on stdout), its model "
                     "trained on every core")
     parser.add_argument("-i", dest="input", required=True, help="source ||| target lines")

@@ -58,7 +58,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import wait
 from typing import Callable, Iterable, Iterator, List, Optional
 
-from .errors import PreprocessError
+from ..errors import PreprocessError
 from .processes import die_with_parent, exit_on_sigterm
 
 # Batches in flight per worker: enough that no worker waits for the next one.
