@@ -18,7 +18,8 @@ from .quiet import root_logging
 _ROOT_LOGGING = root_logging()  # before fairseq is imported: see .quiet
 
 from .checkpoints import allow_fairseq_checkpoints  # noqa: E402
-from .excepthook import install_excepthook, runs_fairseq_command  # noqa: E402
+from .command import runs_fairseq_command  # noqa: E402
+from .excepthook import install_excepthook  # noqa: E402
 from .hydra_configs import register_base_config  # noqa: E402
 from .quiet import filter_warnings, readable_fairseq_logs, repair_fairseq_logging, undo_fairseq_basic_config  # noqa: E402,E501
 from .threads import apply_to_command as choose_command_threads  # noqa: E402

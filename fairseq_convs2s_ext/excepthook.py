@@ -28,7 +28,7 @@ them with :func:`..checkpoints.load_checkpoint` and report its errors themselves
 commands offer no hook for it: they import ``--user-dir`` with ``utils.import_user_module``,
 which fairseq's hub calls in a program of one's own too, and run nothing of a plugin's for
 the command as such. So the package installs the hook as it is imported if
-:func:`runs_fairseq_command`: if the program Python runs is fairseq's own, a console script
+:func:`.command.runs_fairseq_command`: if the program Python runs is fairseq's own, a console script
 ``fairseq-*`` or ``python -m fairseq_cli.COMMAND``.
 """
 import atexit
@@ -267,21 +267,6 @@ def describe(exc: BaseException, tb) -> Optional[str]:
         return f"{path}: {ours}" if path and not str(ours).startswith(f"{path}:") else str(ours)
     path = checkpoint_being_read(tb)
     return None if path is None else why_unreadable(exc, path)
-
-
-def fairseq_command() -> str:
-    """The fairseq_cli module the program Python runs (``train`` for its console script
-    ``fairseq-train`` or for ``python -m fairseq_cli.train``), or "" for any other program."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None:
-        return spec.name.split(".", 1)[1] if spec.name.startswith("fairseq_cli.") else ""
-    name = os.path.basename(sys.argv[0]) if sys.argv else ""
-    return name[len("fairseq-"):].replace("-", "_") if name.startswith("fairseq-") else ""
-
-
-def runs_fairseq_command() -> bool:
-    """Whether the program Python runs is one of fairseq's commands."""
-    return bool(fairseq_command())
 
 
 def _not_the_overrides_of_a_reported_error(record: logging.LogRecord) -> bool:

@@ -24,7 +24,7 @@ import difflib
 import os
 import sys
 
-from ..excepthook import fairseq_command
+from ..command import fairseq_command
 
 # fairseq command (fairseq_cli module) -> the fairseq.options function that builds its parser.
 PARSERS = {

@@ -49,7 +49,6 @@ import torch
 from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, SequenceGeneratorWithAlignment
 
-from ..models import ConvS2SModel
 from ..modules.beam_reordering import sentences_kept
 from . import top_log_probs
 
@@ -222,7 +221,7 @@ class LeanSequenceGenerator(SequenceGenerator):
             and self.lm_model is None
             and not self.match_source_len
             and self.token_indices_to_suppress is None
-            and all(isinstance(model, ConvS2SModel) for model in self.model.models)
+            and all(getattr(model, "lean_beam_step_exact", False) for model in self.model.models)
             and specials < tgt_dict.nspecial
         )
 

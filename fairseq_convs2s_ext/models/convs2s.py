@@ -18,6 +18,7 @@ from omegaconf import II
 from torch.nn.utils import parametrize
 
 from ..checkpoints.languages import check_language_pair
+from ..command import runs_fairseq_command
 from ..modules import parse_attention, parse_layers
 from .convs2s_decoder import ConvS2SDecoder
 from .convs2s_encoder import ConvS2SEncoder
@@ -57,6 +58,8 @@ class ConvS2SConfig(FairseqDataclass):
 @register_model("convs2s", dataclass=ConvS2SConfig)
 class ConvS2SModel(FairseqEncoderDecoderModel):
     """Convolutional Sequence to Sequence Learning (Gehring et al., 2017, arXiv 1705.03122)."""
+
+    lean_beam_step_exact = True  # the generator's lean step gives its hypotheses (generation/lean_beam_step.py)
 
     def __init__(self, encoder, decoder):
         super().__init__(encoder, decoder)
@@ -114,10 +117,7 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
 def warn_of_the_stock_task(task) -> None:
     """In one of fairseq's commands, say in one line what the model loses under another task
     than the plugin's (the hub gives every checkpoint the plugin's handling itself)."""
-    from ..excepthook import runs_fairseq_command
-    from ..tasks import ConvS2STranslationTask
-
-    if runs_fairseq_command() and not isinstance(task, ConvS2STranslationTask):
+    if runs_fairseq_command() and not getattr(task, "handles_convs2s", False):
         logger.warning(
             "the convs2s model under --task %s loses the plugin's task: an over-long input line skipped "
             "and reported (not a crash), an empty line translated as empty, --replace-unk, the lean beam "

@@ -96,7 +96,7 @@ from ..compilation import MODES, CompiledModels
 from ..data import SelectionOptionError, SourceTextDataset, SourceTextError, VocabularySelection, raw_lines
 from ..data.binarized import check_split
 from ..data.splits import SplitError, missing_files, too_long
-from ..excepthook import fairseq_command
+from ..command import fairseq_command
 from ..generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from ..generation.empty_sources import with_empty_translations
 from ..generation.fairseq_options import (SCORE_REFERENCE_INTERACTIVE, GenerationOptionError, with_decoding_steps,
@@ -180,6 +180,7 @@ class ConvS2STranslationTask(TranslationTask):
     """Translation with unknown-word replacement (Gehring et al. 2017, word-based models)."""
 
     cfg: ConvS2STranslationConfig
+    handles_convs2s = True  # the model warns under a task without it (models/convs2s.py)
 
     def __init__(self, cfg, src_dict, tgt_dict):
         if fairseq_command() in TRAINING_COMMANDS and cfg.distributed_rank == 0:
