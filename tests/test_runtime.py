@@ -3,13 +3,15 @@ by their fork, a normal end that terminates no one, and failures that stop every
 say so in one line. tests/test_runtime_hang.py runs the stages under load and signals."""
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from convs2s_preprocess.runtime import pool
 from convs2s_preprocess.errors import PreprocessError
+from convs2s_preprocess.runtime import pool
 from convs2s_preprocess.runtime.host import descendants
 from convs2s_preprocess.runtime.pool import beside, map_batches, worker_pool
 from faults import wait_until
@@ -105,3 +107,36 @@ def test_beside_names_the_work_in_its_error():
     with pytest.raises(PreprocessError, match="^alignment dictionary: nothing to align$"):
         with beside("alignment dictionary", _fails):
             pass
+
+
+LATE_SIGNAL = """
+import sys, time
+from convs2s_preprocess.runtime.processes import exit_on_sigterm
+exit_on_sigterm()
+
+
+class SlowToFree:  # freed as Python shuts down, after it has put back the signals' default actions
+    def __del__(self):
+        time.sleep(2)
+
+
+kept = SlowToFree()
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_python_shuts_down_a_finished_command_does_not_kill_it(sig):
+    """Found by test_runtime_hang's slow runs: 3 of 300 ended with exit status -15 when the
+    SIGTERM came as the command was ending: its work was done, but Python had put back
+    SIGTERM's default action."""
+    proc = subprocess.Popen([sys.executable, "-c", LATE_SIGNAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "done\n"
+        time.sleep(1)  # in SlowToFree.__del__
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and stderr == ""

@@ -21,6 +21,7 @@ started itself (``eflomal-align`` runs an ``eflomal`` binary):
 The package's own worker processes (:mod:`.pool`) ask for SIGKILL at the command's death
 with :func:`die_with_parent`.
 """
+import atexit
 import ctypes
 import functools
 import os
@@ -37,8 +38,12 @@ GUARDIAN_MODULE = "convs2s_preprocess.runtime.processes"
 
 
 def exit_on_sigterm() -> None:
-    """Make SIGTERM raise ``SystemExit(143)``, so that cleanup runs as it does for Ctrl-C."""
+    """Make SIGTERM raise ``SystemExit(143)``, so that cleanup runs as it does for Ctrl-C. And
+    once the command has ended, hold SIGTERM and SIGINT back: while Python shuts down it puts
+    back their default actions, and a signal then would kill a command whose work is done
+    (its exit status -15, not its own)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    atexit.register(signal.pthread_sigmask, signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 @functools.lru_cache(maxsize=None)
