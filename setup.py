@@ -87,6 +87,7 @@ setup(
             "convs2s-data = convs2s_recipes.data:main",
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
+            "convs2s-translate = fairseq_convs2s_ext.cli.translate:main",
             "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",
             "convs2s-score = convs2s_recipes.score:main",
         ]

@@ -1,0 +1,80 @@
+"""convs2s-translate on a folder written by convs2s-prepare and a model trained by fairseq-train
+(Multi30k en-de): raw text in, detokenized translations out, in the input's order."""
+import re
+import subprocess
+
+import pytest
+
+from cli_helpers import hypotheses, run, write_lines
+from conftest import BIN, COMMAND_TIMEOUT, ROOT
+from convs2s_preprocess.stages.postprocess import postprocess
+from tiny_runs import prepare, train
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, data_dir):
+    """(prepared folder with BPE, checkpoint): the test split's raw text is prepared/../raw/test.en."""
+    work = tmp_path_factory.mktemp("translate")
+    prepared = prepare(data_dir, work, "--bpe-merges", "500")
+    train(prepared / "bin", work / "checkpoints", "--task", "convs2s_translation", "--max-update", "30")
+    return prepared, work / "checkpoints" / "checkpoint_last.pt"
+
+
+def translate(checkpoint, prepared, *options, stdin=None):
+    return subprocess.run([str(BIN / "convs2s-translate"), "--path", str(checkpoint), "--data", str(prepared),
+                           *map(str, options)], input=stdin, capture_output=True, text=True, cwd=ROOT,
+                          timeout=COMMAND_TIMEOUT)
+
+
+def test_translations_are_fairseq_generates_for_the_prepared_split(model, tmp_path):
+    """Raw test lines through convs2s-translate give fairseq-generate's hypotheses of the split
+    that convs2s-prepare made of the same lines, BPE removed and detokenized, in the input's
+    order; reading a few lines at a time changes nothing."""
+    prepared, checkpoint = model
+    generated = hypotheses(run("fairseq-generate", prepared / "bin", "--user-dir", ROOT / "fairseq_convs2s_ext",
+                               "--task", "convs2s_translation", "--path", checkpoint, "--gen-subset", "test",
+                               "--beam", 5, "--batch-size", 128))
+    expected = [postprocess(generated[i], "de") for i in range(len(generated))]
+    raw = prepared.parent / "raw" / "test.en"
+    out = tmp_path / "test.de"
+    done = translate(checkpoint, prepared, "-i", raw, "-o", out, "--beam", 5)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text(encoding="utf-8").splitlines() == expected
+    assert re.search(r"convs2s-translate: 20 sentences in [\d.]+ s: [\d.]+ sentences/s", done.stderr), done.stderr
+    chunked = translate(checkpoint, prepared, "--chunk", 7, "--batch-size", 3, stdin=raw.read_text(encoding="utf-8"))
+    assert chunked.returncode == 0, chunked.stderr
+    assert chunked.stdout.splitlines() == expected
+
+
+def test_an_empty_line_stays_empty_and_int8_translates_every_line(model):
+    prepared, checkpoint = model
+    lines = ["A dog runs through the snow.", "", "Two men are talking on a bench."]
+    done = translate(checkpoint, prepared, "--quantize", "int8", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+    assert ", int8;" in done.stderr
+
+
+@pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam"])
+def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
+    prepared, checkpoint = model
+    source, path, options = tmp_path / "in.en", checkpoint, []
+    if problem == "not utf-8":
+        source.write_bytes("A dog runs.\n".encode() * 3 + "Caf\xe9\n".encode("latin-1"))
+    elif problem != "no input":
+        write_lines(source, ["A dog runs."])
+    if problem == "folder as path":
+        path = checkpoint.parent
+    if problem == "zero beam":
+        options = ["--beam", 0]
+    out = tmp_path / "out.de"
+    done = subprocess.run([str(BIN / "convs2s-translate"), "--path", str(path), "--data", str(prepared),
+                           "-i", str(source), "-o", str(out), *map(str, options)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: "), done.stderr
+    named = {"no input": str(source), "not utf-8": str(source), "folder as path": str(path), "zero beam": "--beam"}
+    assert named[problem] in lines[0]
+    assert not out.exists() and list(tmp_path.iterdir()) == ([source] if source.exists() else [])
