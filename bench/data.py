@@ -51,11 +51,12 @@ def candidates(name="demo", src="en", tgt="de"):
     return out
 
 
-def test_text(lang):
-    """The raw test_2016_flickr lines (the references BLEU is computed against)."""
+def test_text(lang, split="test"):
+    """The raw lines of test_2016_flickr (the references BLEU is computed against), or of
+    Multi30k's validation set with ``split="valid"``."""
     from convs2s_recipes.corpora import EXPERIMENTS
 
-    prefix = EXPERIMENTS["multi30k-en-de"].test.prefix(data_root())
+    prefix = getattr(EXPERIMENTS["multi30k-en-de"], split).prefix(data_root())
     with open(f"{prefix}.{lang}", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 

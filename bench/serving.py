@@ -3,9 +3,9 @@ the same size class (issue 53), on the same machine and threads, in one run.
 
     python -m bench.serving                      # 15 minutes of training each, then the table
     python -m bench.serving --quick              # a smoke run (minutes; no figures)
-    python -m bench.serving --quality CKPT       # ours float32 against int8 alone, on a trained convs2s
+    python -m bench.serving --quality CKPT [--split valid]  # ours float32 against int8 alone
 
-**The models.** Both trained by ``fairseq-train`` on the demo's data (Multi30k en-de, joint
+**The models.** All three trained by ``fairseq-train`` on the demo's data (Multi30k en-de, joint
 BPE 10k, bench/data.py) for the same wall time (``--train-minutes``, fairseq's
 ``--stop-time-hours``), with ``--threads`` threads, once, cached under bench's cache folder
 (keyed by the data's bytes, the recipe and the minutes; a killed run resumes):
@@ -16,7 +16,7 @@ BPE 10k, bench/data.py) for the same wall time (``--train-minutes``, fairseq's
   256 dimensions, FFN 1024, 4 heads, the decoder's input and output embeddings shared;
   Adam (0.9, 0.98) at 1e-3 with inverse-sqrt warm-up over 400 updates (the demo's 15
   minutes are 350-700 updates on 2 cores), label smoothing 0.1, dropout 0.1, 4000 tokens;
-- fconv: bench's reference (bench/reference.py, ``--reference-epochs`` epochs), as a row.
+- fconv: fairseq's ``fconv_iwslt_de_en`` with our recipe (bench/reference.py's), as a row.
 
 The Transformer is converted by CTranslate2's fairseq converter to float32 and int8.
 
@@ -25,7 +25,11 @@ sentences (CTranslate2's ``max_batch_size``), ``--threads`` threads (CTranslate2
 ``intra_threads``, one translator), each system translating the whole set in turn,
 ``--repeats`` times, its best time counting: CTranslate2 float32 and int8; fairseq's
 SequenceGenerator (what fairseq-generate runs, through ``task.inference_step``) over the
-Transformer, fconv, ours float32 and ours int8 (``--quantize int8``). Twice:
+Transformer, fconv, ours float32 and ours int8 (``--quantize int8``); and with the target
+vocabulary narrowed by the same alignment candidates (bench.data's, ``convs2s-align-dict
+--candidates`` on the training text; the task's defaults, 500 most common words and 100 aligned
+words a source word): CTranslate2 int8 with a vocabulary map made from them
+(:func:`vocabulary_map`) and ours int8 with ``--vocab-selection``. Twice:
 
 - as trained: up to 200 tokens (fairseq-generate's default, CTranslate2's
   ``max_decoding_length``); sentences and target tokens per second, sacreBLEU (detokenized),
@@ -52,11 +56,11 @@ from convs2s_recipes.score import bleu as sacrebleu_score
 from convs2s_recipes.settings import fairseq_options
 
 import fairseq_convs2s_ext
-from bench.data import cache_root, prepare, test_text
+from bench.data import cache_root, candidates, prepare, test_text
 from bench.generation import GenerationRun, generation_batches
 from bench.machine import cpu_description, matmul_gflops
-from bench.models import convs2s_task, load_fconv, new_fconv, translation_task
-from bench.reference import data_fingerprint, reference_checkpoint
+from bench.models import convs2s_task, load_fconv, translation_task
+from bench.reference import data_fingerprint
 from bench.training import SETTINGS
 
 USER_DIR = str(Path(fairseq_convs2s_ext.__file__).parent)
@@ -69,6 +73,8 @@ TRANSFORMER_RECIPE = [
     "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "400", "--warmup-init-lr", "1e-07",
     "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "4000",
 ]
+FCONV_RECIPE = ["--arch", "fconv_iwslt_de_en", "--criterion", "label_smoothed_cross_entropy",
+                *fairseq_options(SETTINGS), "--max-tokens", "4000"]
 OURS_RECIPE = ["--arch", "convs2s_iwslt_de_en", "--task", "convs2s_translation", "--criterion", "convs2s_cross_entropy",
                *fairseq_options(SETTINGS), "--max-tokens", "4000"]
 PEER = "CTranslate2 int8"
@@ -78,7 +84,6 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-minutes", type=float, default=15.0, help="wall time each model trains (default 15)")
-    parser.add_argument("--reference-epochs", type=int, default=10, help="epochs of bench's reference fconv")
     parser.add_argument("--threads", type=int, default=2, help="threads of every system, and of training")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -90,8 +95,11 @@ def parse_args(argv=None):
     parser.add_argument("--quality", metavar="CHECKPOINT",
                         help="only ours float32 against ours int8 with this trained convs2s checkpoint (of the "
                              "demo's data): sacreBLEU of each and the interval of their difference")
+    parser.add_argument("--split", choices=("test", "valid"), default="test",
+                        help="with --quality: test_2016_flickr, or Multi30k's validation set (1014 sentences; "
+                             "fairseq-train only reports its loss, it never trains on it)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 0.5 minutes of training, an untrained fconv, one batch of 16, one pass")
+                        help="a smoke run: 0.5 minutes of training, one batch of 16, one pass")
     args = parser.parse_args(argv)
     if args.quick:
         args.train_minutes, args.batches, args.batch_size, args.repeats = 0.5, 1, 16, 1
@@ -119,16 +127,37 @@ def trained(name, data_bin, recipe, minutes, threads):
     return save_dir / "checkpoint_last.pt"
 
 
-def converted(checkpoint, data_bin, quantization):
-    """The CTranslate2 model of a fairseq Transformer checkpoint, converted once. The plugin,
-    imported, lets torch's safe unpickler read fairseq's checkpoints."""
+def converted(checkpoint, data_bin, quantization, vmap=None):
+    """The CTranslate2 model of a fairseq Transformer checkpoint, converted once (with the
+    vocabulary map ``vmap``, a file, if given). The plugin, imported, lets torch's safe
+    unpickler read fairseq's checkpoints."""
     from ctranslate2.converters import FairseqConverter
 
-    out = checkpoint.parent / f"ctranslate2-{quantization}"
+    out = checkpoint.parent / f"ctranslate2-{quantization}{'-vmap-' + file_digest(vmap) if vmap else ''}"
     if not (out / "model.bin").exists():
         FairseqConverter(str(checkpoint), str(data_bin), source_lang="en", target_lang="de").convert(
-            str(out), quantization=quantization, force=True)
+            str(out), vmap=vmap and str(vmap), quantization=quantization, force=True)
     return out
+
+
+def file_digest(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def vocabulary_map(selection, src_dict, tgt_dict, path):
+    """CTranslate2's vocabulary map holding the candidates of ``selection`` (the plugin's
+    :class:`VocabularySelection`, read from our candidates file): each source word's aligned
+    target words, and under the empty key the words every sentence has (the most common).
+    CTranslate2 takes the union over a batch where ours takes each sentence's own; its
+    ``<unk>``, ``<s>`` and ``</s>`` are always candidates, as ours are."""
+    pad = tgt_dict.pad()
+    lines = ["\t" + " ".join(tgt_dict[t] for t in selection.always.tolist() if t >= tgt_dict.nspecial)]
+    for s, word in enumerate(src_dict.symbols):
+        targets = [tgt_dict[t] for t in selection.aligned[s].tolist() if t != pad] if s < len(selection.aligned) else []
+        if s >= src_dict.nspecial and targets:
+            lines.append(f"{word}\t{' '.join(targets)}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def detokenized(bpe_text):
@@ -140,10 +169,10 @@ def detokenized(bpe_text):
 class CTranslate2System:
     """One CTranslate2 translator, ``compute_type`` as converted, on the BPE'd source lines."""
 
-    def __init__(self, name, model_dir, compute_type, args, sources):
+    def __init__(self, name, model_dir, compute_type, args, sources, use_vmap=False):
         import ctranslate2
 
-        self.name, self.args, self.sources = name, args, sources
+        self.name, self.args, self.sources, self.use_vmap = name, args, sources, use_vmap
         self.translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
                                                  inter_threads=1, intra_threads=args.threads)
 
@@ -151,7 +180,7 @@ class CTranslate2System:
         lengths = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else {
             "max_decoding_length": 200}
         start = time.perf_counter()
-        results = self.translator.translate_batch(self.sources, beam_size=self.args.beam,
+        results = self.translator.translate_batch(self.sources, beam_size=self.args.beam, use_vmap=self.use_vmap,
                                                   max_batch_size=self.args.batch_size, **lengths)
         seconds = time.perf_counter() - start
         tokens = [r.hypotheses[0] for r in results]
@@ -190,11 +219,11 @@ def fairseq_model(checkpoint, task):
     return model
 
 
-def sentences_to_translate(task, args, data_bin):
+def sentences_to_translate(task, args, data_bin, split="test"):
     """The batches to translate, their sentence ids (sorted) and BPE'd source lines (in that order)."""
-    batches = generation_batches(task, args.batch_size, limit=args.batches)
+    batches = generation_batches(task, args.batch_size, split=split, limit=args.batches)
     ids = sorted(i for batch in batches for i in batch["id"].tolist())
-    lines = (data_bin / "test.en-de.en").read_text(encoding="utf-8").splitlines()
+    lines = (data_bin / f"{split}.en-de.en").read_text(encoding="utf-8").splitlines()
     return batches, ids, [lines[i].split() for i in ids]
 
 
@@ -205,11 +234,11 @@ def systems(args, data_bin):
     ours_checkpoint = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
     task = translation_task(data_bin)
     batches, ids, sources = sentences_to_translate(task, args, data_bin)
-    if args.quick:
-        fconv, _ = new_fconv(task, "fconv_iwslt_de_en", dropout=0.2)
-    else:
-        fconv, _ = load_fconv(reference_checkpoint(data_bin, epochs=args.reference_epochs, threads=args.threads), task)
+    fconv, _ = load_fconv(trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads), task)
     float_task, int8_task = convs2s_task(data_bin), convs2s_task(data_bin, quantize="int8")
+    selection_task = convs2s_task(data_bin, vocab_selection=candidates("demo"), quantize="int8")
+    vmap = vocabulary_map(selection_task.vocabulary_selection, task.source_dictionary, task.target_dictionary,
+                          transformer_checkpoint.parent / "vmap.txt")
     return ids, [
         CTranslate2System("CTranslate2 float32", converted(transformer_checkpoint, data_bin, "float32"), "float32",
                           args, sources),
@@ -218,6 +247,10 @@ def systems(args, data_bin):
         FairseqSystem("fconv", fconv, task, args, batches),
         FairseqSystem("ours float32", fairseq_model(ours_checkpoint, float_task), float_task, args, batches),
         FairseqSystem("ours int8", fairseq_model(ours_checkpoint, int8_task), int8_task, args, batches),
+        CTranslate2System(f"{PEER}, vocabulary map", converted(transformer_checkpoint, data_bin, "int8", vmap),
+                          "int8", args, sources, use_vmap=True),
+        FairseqSystem("ours int8, vocabulary selection", fairseq_model(ours_checkpoint, selection_task),
+                      selection_task, args, batches),
     ]
 
 
@@ -244,27 +277,35 @@ def score(results, references):
     text = {name: [detokenized(t) for t in result["text"]] for name, result in results.items()}
     for name, result in results.items():
         result["BLEU"] = sacrebleu_score(text[name], references)["score"]
-    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32")):
+    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"),
+                           (f"{PEER}, vocabulary map", "CTranslate2 float32"),
+                           ("ours int8, vocabulary selection", "ours float32")):
         if int8 in results and baseline in results:
             results[int8]["BLEU - float32, 95%"] = bleu_difference_interval(text[baseline], text[int8], references)
             results[int8]["identical to float32"] = sum(a == b for a, b in zip(text[baseline], text[int8]))
 
 
 def quality(args, data_bin):
-    """``--quality``: ours float32 and int8 translate the test set as trained, with the same
-    checkpoint; prints sacreBLEU of each and the 95% interval of the difference."""
+    """``--quality``: ours float32, int8, and int8 with vocabulary selection translate the
+    ``--split`` set as trained, with the same checkpoint; prints sacreBLEU of each and the 95%
+    interval of each int8 setting's difference from float32."""
     task = translation_task(data_bin)
-    batches, ids, _ = sentences_to_translate(task, args, data_bin)
-    runs = [FairseqSystem(f"ours {mode}", fairseq_model(args.quality, mode_task), mode_task, args, batches)
-            for mode, mode_task in (("float32", convs2s_task(data_bin)),
-                                    ("int8", convs2s_task(data_bin, quantize="int8")))]
+    batches, ids, _ = sentences_to_translate(task, args, data_bin, args.split)
+    tasks = {"ours float32": convs2s_task(data_bin), "ours int8": convs2s_task(data_bin, quantize="int8"),
+             "ours int8, vocabulary selection": convs2s_task(data_bin, vocab_selection=candidates("demo"),
+                                                             quantize="int8")}
+    runs = [FairseqSystem(name, fairseq_model(args.quality, mode_task), mode_task, args, batches)
+            for name, mode_task in tasks.items()]
     results = measure(runs, args.repeats, None, len(ids))
-    score(results, [test_text("de")[i] for i in ids])
-    low, high = results["ours int8"]["BLEU - float32, 95%"]
-    print(f"{args.quality}: {len(ids)} sentences of test_2016_flickr, beam {args.beam}, batch {args.batch_size}")
-    print(f"sacreBLEU float32 {results['ours float32']['BLEU']:.2f}, int8 {results['ours int8']['BLEU']:.2f}; "
-          f"int8 - float32, 95% interval (paired bootstrap) {low:+.2f} to {high:+.2f}; "
-          f"{results['ours int8']['identical to float32']} translations identical")
+    score(results, [test_text("de", args.split)[i] for i in ids])
+    name = "test_2016_flickr" if args.split == "test" else "Multi30k's validation set"
+    print(f"{args.quality}: {len(ids)} sentences of {name}, beam {args.beam}, batch {args.batch_size}")
+    print(f"sacreBLEU float32 {results['ours float32']['BLEU']:.2f}")
+    for setting in list(tasks)[1:]:
+        low, high = results[setting]["BLEU - float32, 95%"]
+        print(f"{setting}: sacreBLEU {results[setting]['BLEU']:.2f}; - float32, 95% interval (paired bootstrap) "
+              f"{low:+.2f} to {high:+.2f}; {results[setting]['identical to float32']} translations identical; "
+              f"{results[setting]['sentences/s']:.1f} sentences/s against {results['ours float32']['sentences/s']:.1f}")
 
 
 def print_table(as_trained, equal_work, machine, args):

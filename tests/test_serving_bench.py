@@ -1,6 +1,7 @@
 """bench.serving's systems on tiny models: CTranslate2 (float32 and int8) converting a fairseq
 Transformer, fairseq's generator over it and ours in int8 all translate, and at equal work
-every hypothesis of every system is the forced length."""
+every hypothesis of every system is the forced length; CTranslate2's vocabulary map made from
+our candidates holds its translations to them, as vocabulary selection holds ours."""
 import argparse
 
 import pytest
@@ -9,7 +10,8 @@ pytest.importorskip("ctranslate2", reason="bench.serving's peer: pip install ctr
 
 from bench.generation import generation_batches  # noqa: E402
 from bench.models import convs2s_task, translation_task  # noqa: E402
-from bench.serving import CTranslate2System, FairseqSystem, converted, detokenized  # noqa: E402
+from bench.serving import CTranslate2System, FairseqSystem, converted, detokenized, vocabulary_map  # noqa: E402
+from convs2s_preprocess.stages.align import build_align_dict, find_aligner  # noqa: E402
 from cli_helpers import run  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
 from tiny_runs import USER_DIR, prepare, train  # noqa: E402
@@ -30,6 +32,17 @@ def models(tmp_path_factory, data_dir):
         "--no-epoch-checkpoints", "--num-workers", 0, "--seed", 1)
     train(data_bin, work / "convs2s", "--task", "convs2s_translation", "--max-update", "3")
     return data_bin, work / "transformer" / "checkpoint_last.pt", work / "convs2s" / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def candidates(models):
+    """The candidates file of the tiny data's training text (convs2s-align-dict --candidates)."""
+    data_bin = models[0]
+    train_text = data_bin.parent / "bpe" / "train"
+    out = data_bin.parent / "candidates"
+    build_align_dict(f"{train_text}.en", f"{train_text}.de", str(data_bin.parent / "align.dict"), find_aligner(),
+                     str(out))
+    return out
 
 
 def options():
@@ -66,3 +79,36 @@ def test_every_system_translates_every_sentence_and_forced_length_is_equal_work(
 
 def test_detokenized_removes_bpe_and_moses_tokenization():
     assert detokenized("Ein Hund , der Schnee@@ ball jag@@ t .") == "Ein Hund, der Schneeball jagt."
+
+
+def test_the_vocabulary_map_holds_ctranslate2_to_our_candidates(models, candidates, tmp_path):
+    """The map has our most common words under the empty key and each source word's aligned
+    words; with it CTranslate2 writes only a sentence's candidates (one sentence a batch: it
+    takes the union over a batch), where without it the untrained model strays outside them;
+    and ours with vocabulary selection translates every sentence."""
+    data_bin, transformer, convs2s = models
+    task = translation_task(data_bin)
+    selection_task = convs2s_task(data_bin, vocab_selection=candidates, quantize="int8", vocab_most_common=5,
+                                  vocab_top_aligned=5)
+    rule = selection_task.vocabulary_selection
+    vmap = vocabulary_map(rule, task.source_dictionary, task.target_dictionary, tmp_path / "vmap.txt")
+    lines = vmap.read_text(encoding="utf-8").splitlines()
+    tgt = task.target_dictionary
+    assert lines[0] == "\t" + " ".join(tgt[t] for t in rule.always.tolist() if t >= tgt.nspecial)
+    assert len(lines[0].split()) == 5 and len(lines) > 100
+    batches = generation_batches(task, 8)
+    ids = sorted(i for batch in batches for i in batch["id"].tolist())
+    source_lines = (data_bin / "test.en-de.en").read_text(encoding="utf-8").splitlines()
+    sources = [source_lines[i].split() for i in ids]
+    mapped = {line.split("\t")[0]: set(line.split("\t")[1].split()) for line in lines}
+    allowed = [mapped[""].union(*(mapped.get(word, set()) for word in sentence)) | {"<unk>"} for sentence in sources]
+    one_a_batch = argparse.Namespace(beam=5, batch_size=1, threads=1)
+    _, text, _ = CTranslate2System("vmap", converted(transformer, data_bin, "int8", vmap), "int8", one_a_batch,
+                                   sources, use_vmap=True).translate(FORCED)
+    assert all(set(t.split()) <= words for t, words in zip(text, allowed))
+    _, free, _ = CTranslate2System("int8", converted(transformer, data_bin, "int8"), "int8", one_a_batch,
+                                   sources).translate(FORCED)
+    assert not all(set(t.split()) <= words for t, words in zip(free, allowed))  # the map is what held it
+    (model,), _ = checkpoint_utils.load_model_ensemble([str(convs2s)], task=selection_task)
+    _, text, tokens = FairseqSystem("ours, selection", model, selection_task, options(), batches).translate(FORCED)
+    assert len(text) == len(ids) and tokens == (FORCED + 1) * len(ids)
