@@ -59,6 +59,14 @@ class Case(NamedTuple):
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def ctrl_c_as_a_terminal_sends_it() -> None:
+    """A ``preexec_fn`` for a command a test interrupts with SIGINT: a test run started as a
+    background job of a shell without job control (``cmd &`` in a script, nohup) inherits
+    SIGINT ignored, and so would the command; put back its default, which Python turns into
+    KeyboardInterrupt, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def command(tool: str, *args) -> list:
     return [str(BIN / tool), *map(str, args)]
 

@@ -26,7 +26,7 @@ from convs2s_preprocess.stages import align
 from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.textio import read_lines
 from convs2s_preprocess.stages.tokenize import tokenize_file
-from faults import processes_mentioning, wait_until
+from faults import ctrl_c_as_a_terminal_sends_it, processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"
 # What the real fast_align binary wrote for Multi30k en-de (see its README): the input
@@ -484,13 +484,12 @@ def _start_aligning(tmp_path: Path, *options, processes: int = 1) -> tuple:
     src, tgt = _write_pairs(tmp_path / "data", _reference_pairs() * 4)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    # SIGINT may be ignored in a background test run; the command must see it as Ctrl-C
     with open(tmp_path / "stderr", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "convs2s_preprocess.stages.align", "--src", src, "--tgt", tgt,
              "-o", str(out_dir / "align.dict"), *options], cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=log,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            preexec_fn=ctrl_c_as_a_terminal_sends_it)
     marker = str(out_dir / WORK_PREFIX)  # in the aligner's arguments, not in the command's
     assert wait_until(lambda: len(processes_mentioning(marker)) >= processes, 60), \
         "the aligner did not start"

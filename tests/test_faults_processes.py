@@ -25,16 +25,21 @@ def _corpus(data_dir, folder, lines=None):
     return folder / "train.en", folder / "train.de"
 
 
-def _kill_while_aligning(tmp_path, src, tgt, *options, running):
+def _kill_while_aligning(tmp_path, src, tgt, *options, running, seen=""):
     """Start convs2s-align-dict, SIGKILL it once ``running`` processes mention its work
-    folder, and return those still running 10 s later."""
+    folder (one of them mentioning ``seen``), and return those processes and those still
+    running 10 s later."""
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.Popen([str(BIN / "convs2s-align-dict"), "--src", src, "--tgt", tgt, "-o", out / "align.dict",
                              *map(str, options)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     marker = str(out / WORK_PREFIX)
     try:
-        started = wait_until(lambda: len(processes_mentioning(marker)) >= running or proc.poll() is not None, 120)
+        def working():
+            aligners = processes_mentioning(marker)
+            return len(aligners) >= running and any(seen in line for line in aligners)
+
+        started = wait_until(lambda: working() or proc.poll() is not None, 120)
         assert started and proc.poll() is None, \
             f"the aligner did not start: {proc.stderr.read().decode() if proc.poll() is not None else 'timeout'}"
         aligners = processes_mentioning(marker)
@@ -62,7 +67,7 @@ def test_sigkill_stops_a_fast_align_binary_and_what_it_started(tmp_path, data_di
     fake.write_text(f'#!/bin/sh\nsetsid "{sys.executable}" -c "import time; time.sleep(300)" "$@" &\nwait\n')
     fake.chmod(0o755)
     src, tgt = _corpus(data_dir, tmp_path / "data", 100)
-    before, after = _kill_while_aligning(tmp_path, src, tgt, "--fast-align", fake, running=3)
+    before, after = _kill_while_aligning(tmp_path, src, tgt, "--fast-align", fake, running=3, seen="time.sleep")
     assert any("time.sleep" in line for line in before), before
     assert not after, f"left running after SIGKILL of convs2s-align-dict: {after}"
 

@@ -14,7 +14,7 @@ from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.runtime import pool
 from convs2s_preprocess.runtime.host import descendants
 from convs2s_preprocess.runtime.pool import beside, map_batches, worker_pool
-from faults import wait_until
+from faults import ctrl_c_as_a_terminal_sends_it, wait_until
 
 
 def _square(x):
@@ -91,8 +91,8 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(monkeypatch):
     monkeypatch.setattr(pool, "STOP_SECONDS", 0.5)
     started = time.monotonic()
     with pytest.raises(KeyError):
-        with worker_pool(2) as pool:
-            pool.submit(_stubborn, 1)
+        with worker_pool(2) as workers:
+            workers.submit(_stubborn, 1)
             time.sleep(0.5)
             raise KeyError("the caller failed")
     assert time.monotonic() - started < 10
@@ -131,7 +131,7 @@ def test_a_signal_while_python_shuts_down_a_finished_command_does_not_kill_it(si
     SIGTERM came as the command was ending: its work was done, but Python had put back
     SIGTERM's default action."""
     proc = subprocess.Popen([sys.executable, "-c", LATE_SIGNAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=ctrl_c_as_a_terminal_sends_it)
     try:
         assert proc.stdout.readline() == "done\n"
         time.sleep(1)  # in SlowToFree.__del__

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA
-from faults import ENV, processes_mentioning, reproduce, rng, wait_until
+from faults import ENV, ctrl_c_as_a_terminal_sends_it, processes_mentioning, reproduce, rng, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's signals and /proc")
 MULTI30K = DATA / "multi30k"
@@ -145,7 +145,8 @@ def _run(folder: Path, stage: str, workers: int, align: bool, plan: tuple) -> li
     _write_inputs(folder)
     started = time.monotonic()
     proc = subprocess.Popen(_argv(stage, workers, align), cwd=folder, env=ENV, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_a_terminal_sends_it)
     output, logging = [], threading.Event()  # stderr, read meanwhile: a full pipe would stop the command
 
     def read() -> None:

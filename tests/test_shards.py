@@ -24,7 +24,7 @@ from convs2s_preprocess.errors import PreprocessError
 from convs2s_preprocess.runtime.parallel import map_file
 from convs2s_preprocess.runtime.shards import MANIFEST, SHARD_VARIABLE
 from convs2s_preprocess.stages.tokenize import tokenize_file
-from faults import ENV, command, processes_mentioning, wait_until
+from faults import ENV, command, ctrl_c_as_a_terminal_sends_it, processes_mentioning, wait_until
 
 MULTI30K = DATA / "multi30k"
 needs_data = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found under {DATA}")
@@ -60,8 +60,10 @@ def _finished(output: Path, subfolder: str = "") -> dict:
 
 def _lower_priority() -> None:
     """The command under test at nice 10: on a busy machine this test, polling its shards to
-    kill it halfway, must not be starved until it has finished them all."""
+    kill it halfway, must not be starved until it has finished them all. And Ctrl-C reaches
+    it as in a terminal, however the test run was started."""
     os.nice(10)
+    ctrl_c_as_a_terminal_sends_it()
 
 
 def _popen(argv: list, folder: Path, env: dict, log: Path, **options) -> subprocess.Popen:
