@@ -152,8 +152,8 @@ def vocabulary_map(selection, src_dict, tgt_dict, path):
     ``<unk>``, ``<s>`` and ``</s>`` are always candidates, as ours are."""
     pad = tgt_dict.pad()
     lines = ["\t" + " ".join(tgt_dict[t] for t in selection.always.tolist() if t >= tgt_dict.nspecial)]
-    for s, word in enumerate(src_dict.symbols):
-        targets = [tgt_dict[t] for t in selection.aligned[s].tolist() if t != pad] if s < len(selection.aligned) else []
+    for s, word in enumerate(src_dict.symbols):  # the table has a row for every source id
+        targets = [tgt_dict[t] for t in selection.aligned[s].tolist() if t != pad]
         if s >= src_dict.nspecial and targets:
             lines.append(f"{word}\t{' '.join(targets)}")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
