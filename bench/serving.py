@@ -22,8 +22,8 @@ The Transformer is converted by CTranslate2's fairseq converter to float32 and i
 
 **The runs.** All 1000 sentences of test_2016_flickr (BPE as prepared), beam 5, batches of 128
 sentences (CTranslate2's ``max_batch_size``), ``--threads`` threads (CTranslate2's
-``intra_threads``, one translator), each system translating the whole set in turn,
-``--repeats`` times, its best time counting: CTranslate2 float32 and int8; fairseq's
+``intra_threads``, one translator), each system in a process of its own, the systems taking
+turns to translate the whole set, ``--repeats`` times, each system's best time counting: CTranslate2 float32 and int8; fairseq's
 SequenceGenerator (what fairseq-generate runs, through ``task.inference_step``) over the
 Transformer, fconv, ours float32 and ours int8 (``--quantize int8``); and with the target
 vocabulary narrowed by the same alignment candidates (bench.data's, ``convs2s-align-dict
@@ -44,12 +44,17 @@ table. Run it alone on the machine (bench/README.md).
 """
 import argparse
 import hashlib
+import importlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from convs2s_recipes.score import bleu as sacrebleu_score
@@ -227,31 +232,49 @@ def sentences_to_translate(task, args, data_bin, split="test"):
     return batches, ids, [lines[i].split() for i in ids]
 
 
-def systems(args, data_bin):
-    """Every system of the comparison, models trained (or taken from the cache) first, and
-    the ids of the test sentences they translate (in the order of their output)."""
-    transformer_checkpoint = trained("transformer", data_bin, TRANSFORMER_RECIPE, args.train_minutes, args.threads)
-    ours_checkpoint = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
+@dataclass(frozen=True)
+class Models:
+    """What the systems are built from: the three trained checkpoints, our candidates file and
+    the vocabulary map made from it (CTranslate2's)."""
+    transformer: Path
+    convs2s: Path
+    fconv: Optional[Path]
+    candidates: Optional[Path]
+    vmap: Optional[Path]
+
+
+SYSTEMS = ("CTranslate2 float32", PEER, "fairseq, Transformer", "fconv", "ours float32", "ours int8",
+           f"{PEER}, vocabulary map", "ours int8, vocabulary selection")
+
+
+def trained_models(args, data_bin):
+    """Every model of the comparison, trained (or taken from the cache), and the vocabulary map."""
+    transformer = trained("transformer", data_bin, TRANSFORMER_RECIPE, args.train_minutes, args.threads)
+    ours = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
+    fconv = trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads)
+    selection = convs2s_task(data_bin, vocab_selection=candidates("demo"), quantize="int8").vocabulary_selection
     task = translation_task(data_bin)
-    batches, ids, sources = sentences_to_translate(task, args, data_bin)
-    fconv, _ = load_fconv(trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads), task)
-    float_task, int8_task = convs2s_task(data_bin), convs2s_task(data_bin, quantize="int8")
-    selection_task = convs2s_task(data_bin, vocab_selection=candidates("demo"), quantize="int8")
-    vmap = vocabulary_map(selection_task.vocabulary_selection, task.source_dictionary, task.target_dictionary,
-                          transformer_checkpoint.parent / "vmap.txt")
-    return ids, [
-        CTranslate2System("CTranslate2 float32", converted(transformer_checkpoint, data_bin, "float32"), "float32",
-                          args, sources),
-        CTranslate2System(PEER, converted(transformer_checkpoint, data_bin, "int8"), "int8", args, sources),
-        FairseqSystem("fairseq, Transformer", fairseq_model(transformer_checkpoint, task), task, args, batches),
-        FairseqSystem("fconv", fconv, task, args, batches),
-        FairseqSystem("ours float32", fairseq_model(ours_checkpoint, float_task), float_task, args, batches),
-        FairseqSystem("ours int8", fairseq_model(ours_checkpoint, int8_task), int8_task, args, batches),
-        CTranslate2System(f"{PEER}, vocabulary map", converted(transformer_checkpoint, data_bin, "int8", vmap),
-                          "int8", args, sources, use_vmap=True),
-        FairseqSystem("ours int8, vocabulary selection", fairseq_model(ours_checkpoint, selection_task),
-                      selection_task, args, batches),
-    ]
+    vmap = vocabulary_map(selection, task.source_dictionary, task.target_dictionary, transformer.parent / "vmap.txt")
+    return Models(transformer, ours, fconv, candidates("demo"), vmap)
+
+
+def build_system(name, models, args, data_bin):
+    """The system ``name`` (one of :data:`SYSTEMS`), its models loaded."""
+    task = translation_task(data_bin)
+    batches, _, sources = sentences_to_translate(task, args, data_bin)
+    if name.startswith("CTranslate2"):
+        quantization = "float32" if name.endswith("float32") else "int8"
+        vmap = models.vmap if name.endswith("vocabulary map") else None
+        return CTranslate2System(name, converted(models.transformer, data_bin, quantization, vmap), quantization,
+                                 args, sources, use_vmap=vmap is not None)
+    if name == "fairseq, Transformer":
+        return FairseqSystem(name, fairseq_model(models.transformer, task), task, args, batches)
+    if name == "fconv":
+        return FairseqSystem(name, load_fconv(models.fconv, task)[0], task, args, batches)
+    options = {"ours float32": {}, "ours int8": dict(quantize="int8"),
+               "ours int8, vocabulary selection": dict(vocab_selection=models.candidates, quantize="int8")}[name]
+    ours_task = convs2s_task(data_bin, **options)
+    return FairseqSystem(name, fairseq_model(models.convs2s, ours_task), ours_task, args, batches)
 
 
 def measure(runs, repeats, forced, sentences):
@@ -268,6 +291,57 @@ def measure(runs, repeats, forced, sentences):
         result["tokens/s"] = result["tokens"] / result["seconds"]
         result["mean length"] = result["tokens"] / sentences
     return results
+
+
+class SystemProcess:
+    """The system ``name`` (:func:`build_system`) in a spawned process of its own, which
+    translates when asked (``translate`` as the systems'), until ``close``."""
+
+    def __init__(self, name, models, args, data_bin):
+        self.name = name
+        self.process = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_build_here, initargs=(name, models, args, data_bin))
+        self.process.submit(int).result()  # built (or its error raised) before any pass is timed
+
+    def translate(self, forced):
+        return self.process.submit(_translate_here, forced).result()
+
+    def close(self):
+        self.process.shutdown()
+
+
+_SYSTEM = None  # in a SystemProcess's process: its system
+
+
+def _build_here(name, models, args, data_bin):
+    global _SYSTEM
+    torch.set_num_threads(args.threads)
+    _SYSTEM = build_system(name, models, args, data_bin)
+
+
+def _translate_here(forced):
+    return _SYSTEM.translate(forced)
+
+
+def measure_each_alone(names, models, args, data_bin, sentences):
+    """:func:`measure` with each system in a process of its own (:class:`SystemProcess`), as
+    trained and at equal work: {phase: {name: result}}. The systems still take turns pass by
+    pass, so a change in the machine's speed reaches all of them alike, but no two share a
+    process: CTranslate2 has an OpenMP runtime of its own beside torch's, and a server runs
+    one system, not eight."""
+    # by the package's name: run as ``python -m bench.serving`` this module is __main__, which
+    # a spawned process cannot import
+    serving = importlib.import_module("bench.serving")
+    runs = []
+    try:
+        for name in names:
+            log(f"starting {name} in a process of its own")
+            runs.append(serving.SystemProcess(name, models, args, data_bin))
+        return {phase: measure(runs, args.repeats, forced, sentences)
+                for phase, forced in (("as trained", None), ("equal work", args.forced_length))}
+    finally:
+        for run in runs:
+            run.close()
 
 
 def score(results, references):
@@ -338,15 +412,16 @@ def main(argv=None):
     data_bin = prepare("demo")
     if args.quality:
         return quality(args, data_bin)
-    ids, runs = systems(args, data_bin)
+    models = trained_models(args, data_bin)
+    _, ids, _ = sentences_to_translate(translation_task(data_bin), args, data_bin)
     references = [test_text("de")[i] for i in ids]
     sentences = len(ids)
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
                "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    log(f"translating {sentences} sentences with {len(runs)} systems, {args.repeats} passes each")
-    as_trained = measure(runs, args.repeats, None, sentences)
+    log(f"translating {sentences} sentences with {len(SYSTEMS)} systems, {args.repeats} passes each")
+    results = measure_each_alone(SYSTEMS, models, args, data_bin, sentences)
+    as_trained, equal_work = results["as trained"], results["equal work"]
     score(as_trained, references)
-    equal_work = measure(runs, args.repeats, args.forced_length, sentences)
     machine["load after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print_table(as_trained, equal_work, machine, args)
     if args.json:

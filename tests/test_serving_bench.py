@@ -3,6 +3,10 @@ Transformer, fairseq's generator over it and ours in int8 all translate, and at 
 every hypothesis of every system is the forced length; CTranslate2's vocabulary map made from
 our candidates holds its translations to them, as vocabulary selection holds ours."""
 import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from fairseq import checkpoint_utils  # noqa: E402
 from tiny_runs import USER_DIR, prepare, train  # noqa: E402
 
 FORCED = 7
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +117,41 @@ def test_the_vocabulary_map_holds_ctranslate2_to_our_candidates(models, candidat
     (model,), _ = checkpoint_utils.load_model_ensemble([str(convs2s)], task=selection_task)
     _, text, tokens = FairseqSystem("ours, selection", model, selection_task, options(), batches).translate(FORCED)
     assert len(text) == len(ids) and tokens == (FORCED + 1) * len(ids)
+
+
+def test_each_system_is_measured_in_a_fresh_process_of_its_own(models, candidates, tmp_path):
+    """measure_each_alone builds each system in a process of its own (spawned: nothing of the
+    others is loaded there; CTranslate2 never in the caller's) and gives each phase's result of
+    each: the whole set translated, forced to the length at equal work. Run in a bounded
+    subprocess."""
+    data_bin, transformer, convs2s = models
+    task = translation_task(data_bin)
+    selection = convs2s_task(data_bin, vocab_selection=candidates, quantize="int8").vocabulary_selection
+    vmap = vocabulary_map(selection, task.source_dictionary, task.target_dictionary, tmp_path / "vmap.txt")
+    sentences = sum(len(batch["id"]) for batch in generation_batches(task, 8))
+    paths = ", ".join(f"Path({str(path)!r})" for path in (transformer, convs2s))
+    script = f"""
+import argparse, json, sys
+from pathlib import Path
+from bench.serving import PEER, Models, measure_each_alone
+models = Models({paths}, None, Path({str(candidates)!r}), Path({str(vmap)!r}))
+args = argparse.Namespace(beam=5, batch_size=8, threads=1, batches=None, repeats=1, forced_length={FORCED})
+names = [PEER, PEER + ", vocabulary map", "ours int8, vocabulary selection"]
+results = measure_each_alone(names, models, args, Path({str(data_bin)!r}), {sentences})
+print(json.dumps({{phase: {{name: [r["text"], r["tokens"], r["sentences/s"]] for name, r in by_name.items()}}
+                  for phase, by_name in results.items()}}))
+print(json.dumps("ctranslate2" in sys.modules))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results_line, loaded_line = proc.stdout.strip().splitlines()[-2:]
+    assert json.loads(loaded_line) is False
+    results = json.loads(results_line)
+    assert list(results) == ["as trained", "equal work"]
+    for phase, by_name in results.items():
+        assert len(by_name) == 3, phase
+        for name, (text, tokens, speed) in by_name.items():
+            assert len(text) == sentences and speed > 0, (phase, name)
+            if phase == "equal work":
+                assert [len(t.split()) for t in text] == [FORCED] * sentences, name
+                assert tokens == (FORCED + 1) * sentences, name
