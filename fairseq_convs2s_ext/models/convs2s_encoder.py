@@ -16,7 +16,8 @@ class ConvS2SEncoder(FairseqEncoder):
     alone and in a padded batch. The gradient reaching the encoder through z is divided by
     the number of attention layers that read it (section 3.4), while the source embedding
     added to form the values z + e keeps its full gradient, as the paper says. fconv divides
-    by twice that number (it counts keys and values as two uses); we follow the paper.
+    by twice that number (it counts keys and values as two uses), as the paper's Lua code did;
+    we follow the paper's text. Both train alike (docs/paper-and-fconv.md).
     """
 
     def __init__(self, dictionary, embed_dim, layers, dropout, max_positions, num_attention_layers):
