@@ -89,16 +89,16 @@ def decode_incrementally(model, src_tokens, prev_output_tokens):
     return torch.stack(steps, 1)
 
 
-def test_quantize_replaces_every_linear_layer_of_the_decoder_once():
+def test_quantize_replaces_every_linear_layer_of_the_encoder_and_decoder_once():
     model, d = prepared_model()
-    encoder_before = {name: type(m) for name, m in model.encoder.named_modules()}
-    weights = {name: m.weight for name, m in model.decoder.named_modules() if isinstance(m, nn.Linear)}
-    assert quantize_([model], "int8") == len(weights) == 8  # fc1, 2 convolutions, 2 x 2 attention, W_o
-    layers = {name: m for name, m in model.decoder.named_modules() if isinstance(m, nn.Linear)}
+    weights = {name: m.weight for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    # decoder: fc1, 2 convolutions, 2 x 2 attention, W_o; encoder: fc1, 2 convolutions, fc2
+    assert quantize_([model], "int8") == len(weights) == 12
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     assert all(isinstance(m, Int8Weights) for m in layers.values())
+    assert sum(name.startswith("encoder.") for name in layers) == 4
     assert isinstance(model.decoder.output_projection, Int8OutputProjection)
     assert all(layers[name].weight is weights[name] for name in weights)  # the float32 weights kept, not copied
-    assert {name: type(m) for name, m in model.encoder.named_modules()} == encoder_before
     assert quantize_([model], "int8") == 0 and quantize_([model], "none") == 0
     with pytest.raises(QuantizeOptionError, match="--quantize takes none or int8"):
         quantize_([model], "int4")
@@ -194,7 +194,7 @@ def scored(log):
 
 def test_generate_with_int8_translates_every_sentence(trained):
     log = generate(trained, "--task", "convs2s_translation", "--quantize", "int8")
-    assert "int8: 8 linear layers of the decoder multiply in int8" in log
+    assert "int8: 12 linear layers of the encoder and decoder multiply in int8" in log
     assert sorted(hypotheses(log)) == list(range(TEST_SENTENCES))
     assert all(hypothesis.strip() for hypothesis in hypotheses(log).values())
 
@@ -217,7 +217,7 @@ def test_interactive_with_int8_translates_raw_lines(trained):
               "--path", checkpoints / "checkpoint_best.pt", "--beam", 5, "--quantize", "int8", "-s", "en", "-t", "de",
               "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", prepared / "bpe" / "codes",
               input="\n".join(lines) + "\n")
-    assert "int8: 8 linear layers" in log
+    assert "int8: 12 linear layers" in log
     assert len(re.findall(r"^H-\d+\t", log, flags=re.M)) == 4
 
 
@@ -226,6 +226,7 @@ def test_hub_with_int8(trained):
     hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, quantize="int8")
     decoder = hub.models[0].decoder
     assert isinstance(decoder.output_projection, Int8OutputProjection)
+    assert isinstance(hub.models[0].encoder.fc2, Int8Weights)
     assert isinstance(decoder.fc2, nn.Identity)  # folded into W_o before quantizing
     translations = hub.translate(["A dog runs through the snow.", "Two men talk."], beam=5)
     assert len(translations) == 2 and all(isinstance(t, str) and t for t in translations)
