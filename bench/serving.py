@@ -44,7 +44,6 @@ table. Run it alone on the machine (bench/README.md).
 """
 import argparse
 import hashlib
-import importlib
 import json
 import multiprocessing
 import os
@@ -252,10 +251,11 @@ def trained_models(args, data_bin):
     transformer = trained("transformer", data_bin, TRANSFORMER_RECIPE, args.train_minutes, args.threads)
     ours = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
     fconv = trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads)
-    selection = convs2s_task(data_bin, vocab_selection=candidates("demo"), quantize="int8").vocabulary_selection
+    candidates_file = candidates("demo")
+    selection = convs2s_task(data_bin, vocab_selection=candidates_file).vocabulary_selection
     task = translation_task(data_bin)
     vmap = vocabulary_map(selection, task.source_dictionary, task.target_dictionary, transformer.parent / "vmap.txt")
-    return Models(transformer, ours, fconv, candidates("demo"), vmap)
+    return Models(transformer, ours, fconv, candidates_file, vmap)
 
 
 def build_system(name, models, args, data_bin):
@@ -329,14 +329,11 @@ def measure_each_alone(names, models, args, data_bin, sentences):
     pass, so a change in the machine's speed reaches all of them alike, but no two share a
     process: CTranslate2 has an OpenMP runtime of its own beside torch's, and a server runs
     one system, not eight."""
-    # by the package's name: run as ``python -m bench.serving`` this module is __main__, which
-    # a spawned process cannot import
-    serving = importlib.import_module("bench.serving")
     runs = []
     try:
         for name in names:
             log(f"starting {name} in a process of its own")
-            runs.append(serving.SystemProcess(name, models, args, data_bin))
+            runs.append(SystemProcess(name, models, args, data_bin))
         return {phase: measure(runs, args.repeats, forced, sentences)
                 for phase, forced in (("as trained", None), ("equal work", args.forced_length))}
     finally:
