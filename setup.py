@@ -38,12 +38,12 @@ setup(
         "Topic :: Text Processing :: Linguistic",
     ],
     python_requires=">=3.9",
-    # The repository's folders preprocess/ and recipes/ install under names of their own:
-    # a top-level "preprocess" or "recipes" would collide with any other package so named.
+    # The repository's folders preprocess/, recipes/ and serving/ install under names of their
+    # own: a top-level "preprocess", "recipes" or "serving" would collide with any other package so named.
     packages=find_packages(include=["fairseq_convs2s_ext", "fairseq_convs2s_ext.*"])
-    + ["convs2s_preprocess", "convs2s_recipes"]
+    + ["convs2s_preprocess", "convs2s_recipes", "convs2s_serving"]
     + [f"convs2s_preprocess.{part}" for part in find_packages("preprocess")],
-    package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes"},
+    package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes", "convs2s_serving": "serving"},
     package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"],
                   # the lean beam step's kernel, compiled on first use (generation/top_log_probs.py)
                   "fairseq_convs2s_ext.generation": ["*.cpp"]},
@@ -88,6 +88,8 @@ setup(
             "convs2s-import-fconv = fairseq_convs2s_ext.cli.import_fconv:main",
             "convs2s-plot-attention = fairseq_convs2s_ext.cli.plot_attention:main",
             "convs2s-translate = fairseq_convs2s_ext.cli.translate:main",
+            "convs2s-export = fairseq_convs2s_ext.cli.export:main",
+            "convs2s-serve = convs2s_serving.cli:main",
             "convs2s-average-checkpoints = fairseq_convs2s_ext.cli.average_checkpoints:main",
             "convs2s-score = convs2s_recipes.score:main",
         ]

@@ -21,7 +21,7 @@ from test_docs import mkdocs_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ("setup.py", "MANIFEST.in", "README.md", "LICENSE", "CITATION.cff")
-PACKAGES = ("fairseq_convs2s_ext", "preprocess", "recipes")
+PACKAGES = ("fairseq_convs2s_ext", "preprocess", "recipes", "serving")
 FAIRSEQ_REPOSITORY = "github.com/facebookresearch/fairseq"
 
 

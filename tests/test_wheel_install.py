@@ -30,7 +30,7 @@ import torch
 from conftest import ROOT
 from tiny_runs import raw_multi30k
 
-PACKAGES = ("fairseq_convs2s_ext", "preprocess", "recipes")
+PACKAGES = ("fairseq_convs2s_ext", "preprocess", "recipes", "serving")
 
 
 @dataclass
@@ -109,10 +109,10 @@ def trained(installed, data_dir):
 
 
 def test_the_packages_and_their_data_come_from_the_wheel(installed):
-    code = ("import fairseq_convs2s_ext, convs2s_recipes, convs2s_preprocess\n"
-            "for m in (fairseq_convs2s_ext, convs2s_recipes, convs2s_preprocess): print(m.__file__)\n"
+    code = ("import fairseq_convs2s_ext, convs2s_recipes, convs2s_preprocess, convs2s_serving\n"
+            "for m in (fairseq_convs2s_ext, convs2s_recipes, convs2s_preprocess, convs2s_serving): print(m.__file__)\n"
             "print(fairseq_convs2s_ext.USER_DIR)")
-    *files, user_dir = installed.sh(f"python -c {shlex.quote(code)}").split()[-4:]
+    *files, user_dir = installed.sh(f"python -c {shlex.quote(code)}").split()[-5:]
     assert all(Path(f).is_relative_to(installed.site) for f in files), files
     assert user_dir == str(installed.site / "fairseq_convs2s_ext")  # what convs2s-user-dir prints
     config_dir = Path(installed.sh("convs2s-recipe --config-dir").strip())
@@ -176,3 +176,12 @@ def test_hub_translates_with_the_installed_plugin(installed, trained):
             "print('TRANSLATION', repr(hub.translate('A dog runs in the park.', beam=2)))")
     out = installed.sh(f"python -c {shlex.quote(code)}")
     assert re.search(r"^TRANSLATION '.+'$", out, flags=re.M), out[-3000:]
+
+
+def test_an_exported_model_serves_from_the_wheel(installed, trained):
+    """convs2s-export and convs2s-serve as installed: the folder written, raw text translated."""
+    _, checkpoint = trained
+    installed.sh(f"convs2s-export --path {checkpoint} --data prepared -o exported")
+    out = installed.sh("convs2s-serve exported 2> served.log", input="A dog runs through the snow.\n\n")
+    assert len(out.splitlines()) == 2 and out.splitlines()[0] and not out.splitlines()[1]
+    assert "convs2s-serve: 2 sentences in" in (installed.home / "served.log").read_text()

@@ -1,0 +1,53 @@
+"""``convs2s-export``: a trained model as a folder that ``convs2s-serve`` translates with, without
+fairseq (:mod:`..generation.export` says what the folder holds).
+
+    convs2s-export --path checkpoints/checkpoint_best.pt --data data -o exported
+    convs2s-serve exported < news.en > news.de
+"""
+import argparse
+import os
+import sys
+
+from ..excepthook import install_excepthook
+from ..generation.export import export
+from ..models.hub_interface import binarized_folder, bpe_codes, from_pretrained
+from .translate import prepared_record
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="convs2s-export",
+        description="Export a trained ConvS2S model for convs2s-serve (torch alone, no fairseq): its encoder and "
+                    "decoder step as torch.export programs, its vocabularies, languages and BPE codes.")
+    p.add_argument("--path", required=True, help="checkpoint file (checkpoints/checkpoint_best.pt)")
+    p.add_argument("--data", required=True, help="the folder convs2s-prepare wrote for the model (or its bin/)")
+    p.add_argument("-o", "--output", required=True, help="the folder to write (replaced if it exists)")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    install_excepthook()  # a checkpoint or folder that cannot be used: one line
+    if not os.path.isfile(args.path):
+        what = "a folder, not a checkpoint" if os.path.isdir(args.path) else "no such checkpoint file"
+        sys.exit(f"convs2s-export: error: {args.path}: {what}: --path takes a file, e.g. checkpoints/checkpoint_best.pt")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        sys.exit(f"convs2s-export: error: {args.output}: a file: -o takes the folder to write")
+    try:
+        hub = from_pretrained(os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path),
+                              os.path.abspath(args.data), tokenizer="space")
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"convs2s-export: error: {e}")
+    if len(hub.models) != 1:
+        sys.exit("convs2s-export: error: --path names one checkpoint: an ensemble is not exported")
+    task = hub.task
+    export(hub.models[0], args.output, (task.cfg.source_lang, task.cfg.target_lang),
+           bpe_codes(binarized_folder(os.path.abspath(args.data))),
+           prepared_record(args.data).get("romanian", False))
+    print(f"convs2s-export: wrote {args.output} (translate with: convs2s-serve {args.output} < input.txt)",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""A trained model exported for serving without fairseq: two ``torch.export`` programs that
+``convs2s_serving`` (torch alone) beam-searches.
+
+``convs2s-export`` writes a folder (:func:`export`):
+
+- ``encoder.pt2``: :class:`SourceEncoding`, source ids (sentences x S, left-padded, each
+  ending with eos) to what every decoder step reads of them;
+- ``step.pt2``: :class:`IncrementalStep`, one decoder step of M hypotheses for each of B
+  sentences, from the last word of each hypothesis and the windows of the last k inputs
+  of each convolution, to the log-probabilities of the next word and the new windows;
+- ``model.json``: both vocabularies, the special symbols' ids, the windows' shapes, the
+  longest input and output the positions allow, and the languages;
+- ``bpe.codes``: the BPE codes the model's data was segmented with, where there are some.
+
+The programs are the plugin's own modules traced by ``torch.export`` after
+``make_generation_fast_`` (weight normalization folded into the weights, fc2 into W_o where
+generation folds it): the same operations as the plugin's beam search over fairseq's
+SequenceGenerator, in float32, with two of its shortcuts left out. The first convolution is
+computed as the others are (the plugin looks its products up per word seen), and the first
+step reads the sources through each attention's projections, as every later step does
+(the plugin's first step, made for one hypothesis a sentence, reads them unprojected). Both
+are the same numbers up to rounding; the hypotheses are the plugin's (tests/test_export.py
+compares them and their scores). The convolutions are plain linear maps of a window (no
+``LinearizedConvolution``), and no GradMultiply is left: it changes only gradients.
+
+Exported: float32 weights, the whole vocabulary. Not exported: vocabulary selection, int8,
+ensembles, unknown-word replacement (the runtime returns ``<unk>`` as the plugin does
+without ``--replace-unk``).
+"""
+import json
+import os
+import shutil
+from typing import List
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from convs2s_preprocess.runtime.atomic import atomic_outputs
+from convs2s_serving.safe_loading import check_archive
+
+from ..modules.multistep_attention import ProjectedSource
+from ..modules.scaling import scaled_sum
+
+FORMAT = 1  # model.json's "format": what convs2s_serving reads
+
+
+class SourceEncoding(nn.Module):
+    """The encoder's output z (sentences x S x embedding) and, for each decoder layer with an
+    attention, its projections of the source (``MultiStepAttention.project_source``: keys,
+    key bias with -inf at padding, values), in the decoder's order."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder = model.encoder
+        self.attention = nn.ModuleList(a for a in model.decoder.attention if a is not None)
+
+    def forward(self, src_tokens: torch.Tensor):
+        encoder_out = self.encoder(src_tokens)
+        sources: List[torch.Tensor] = []
+        for attention in self.attention:
+            sources.extend(attention.project_source(encoder_out))
+        return encoder_out["encoder_out"][0], sources
+
+
+class IncrementalStep(nn.Module):
+    """One step of the decoder for ``tokens`` (sentences x hypotheses, the last word of
+    each hypothesis) at position ``step`` (from 0, a 0-d tensor). ``windows``: for each
+    convolution wider than 1, the last k inputs of each hypothesis (sentences x hypotheses
+    x k x channels, zeros before the first word); ``z`` and ``sources``: what
+    :class:`SourceEncoding` returned for the sentences. Returns the log-probabilities of the
+    next word (sentences x hypotheses x V) and the windows moved on by one input."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.decoder = model.decoder
+        self.padding_idx = model.decoder.dictionary.pad()
+
+    def forward(self, tokens: torch.Tensor, step: torch.Tensor, windows: List[torch.Tensor],
+                z: torch.Tensor, sources: List[torch.Tensor]):
+        # Every tensor is sentences x hypotheses x features: the hypotheses of a sentence are
+        # the attention's "steps" reading its source, and nothing is reshaped by a size that
+        # may be 1 (torch.export would specialize the program to it).
+        decoder = self.decoder
+        # e_j = w_j + p_j at position j = step (fairseq's positions count from padding_idx + 1)
+        position = decoder.embed.positions.weight.index_select(0, (step + self.padding_idx + 1).view(1))
+        g = decoder.embed.tokens(tokens) + position
+        x = decoder.fc1(g)
+        encoder_out = {"encoder_out": (z, z), "encoder_padding_mask": None}  # the key bias masks padding
+        moved, attending = [], 0
+        for residual_projection, convolution, attention in zip(
+            decoder.residual_projections, decoder.convolutions, decoder.attention
+        ):
+            residual = residual_projection(x)
+            if convolution.kernel_width > 1:  # the window of the last k inputs, as GLUConvolution's step
+                window = torch.cat([windows[len(moved)][:, :, 1:], x.unsqueeze(2)], dim=2)
+                moved.append(window)
+                x = window.flatten(2)
+            x = F.glu(convolution.linear(x), dim=-1)
+            if attention is not None:
+                source = ProjectedSource(*sources[3 * attending: 3 * attending + 3])
+                x, _ = attention(x, g, encoder_out, source)
+                attending += 1
+            x = scaled_sum(x, residual)
+        return torch.log_softmax(decoder.output_projection(decoder.fc2(x)), dim=-1), moved
+
+
+def window_shapes(model):
+    """(k, channels) of each window that :class:`IncrementalStep` keeps."""
+    return [(c.kernel_width, c.in_channels) for c in model.decoder.convolutions if c.kernel_width > 1]
+
+
+def export(model, directory, languages=(None, None), bpe_codes=None, romanian=False):
+    """Write ``model`` (a ConvS2S model prepared for generation) into ``directory`` as the
+    module's docstring says, in float32 for the CPU; the folder appears whole or not at all.
+    ``languages`` (source, target), ``bpe_codes`` (a file) and ``romanian`` (the source was
+    prepared with the Romanian steps) are what the runtime needs to translate raw text."""
+    model = model.float().cpu()  # fairseq has put it in eval mode (a prepared model has no train())
+    src_dict, tgt_dict = model.encoder.dictionary, model.decoder.dictionary
+    sentences, hypotheses = torch.export.Dim("sentences", min=1), torch.export.Dim("hypotheses", min=1)
+    # a source of one token is eos alone, an empty sentence: the runtime translates it as empty
+    length = torch.export.Dim("length", min=2, max=model.encoder.max_positions())
+    src_tokens = torch.full((2, 3), src_dict.eos())
+    with torch.no_grad():
+        encoder = torch.export.export(SourceEncoding(model), (src_tokens,),
+                                      dynamic_shapes=({0: sentences, 1: length},))
+        z, sources = SourceEncoding(model)(src_tokens)
+        shapes = window_shapes(model)
+        tokens = torch.full((2, 3), tgt_dict.eos())
+        windows = [torch.zeros(2, 3, k, c) for k, c in shapes]
+        step = torch.export.export(
+            IncrementalStep(model), (tokens, torch.tensor(0), windows, z, sources),
+            dynamic_shapes=({0: sentences, 1: hypotheses}, None, [{0: sentences, 1: hypotheses}] * len(windows),
+                            {0: sentences, 1: length}, [{0: sentences, 1: length}] * len(sources)),
+        )
+    config = {
+        "format": FORMAT,
+        "bos": tgt_dict.bos(), "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(),
+        "nspecial": tgt_dict.nspecial, "source_eos": src_dict.eos(), "source_pad": src_dict.pad(),
+        "source_unk": src_dict.unk(), "windows": shapes, "max_target_positions": model.decoder.max_positions(),
+        "max_source_positions": model.encoder.max_positions(),
+        "source_lang": languages[0], "target_lang": languages[1], "romanian": romanian,
+        "source_symbols": list(src_dict.symbols), "target_symbols": list(tgt_dict.symbols),
+    }
+    with atomic_outputs([os.fspath(directory)]) as (temp,):
+        os.makedirs(temp)
+        for name, program in (("encoder.pt2", encoder), ("step.pt2", step)):
+            torch.export.save(program, os.path.join(temp, name))
+            check_archive(os.path.join(temp, name))  # what convs2s-serve will accept, or no folder
+        if bpe_codes:
+            shutil.copyfile(bpe_codes, os.path.join(temp, "bpe.codes"))
+        with open(os.path.join(temp, "model.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)

@@ -1,0 +1,121 @@
+"""A model that ``convs2s-export`` wrote, loaded and translating, without fairseq.
+
+    from convs2s_serving import ExportedModel, translate
+    model = ExportedModel("exported/")
+    translate(model, ["Ein Hund läuft durch den Schnee ."], beam=5)       # raw text
+    model.translate_tokens([["a", "dog", "runs", "."]])                    # tokens (BPE'd)
+
+    convs2s-serve exported/ < news.en > news.de                           # serving/cli.py
+
+What it needs: torch (the two programs are ``torch.export``'s, checked by
+:mod:`.safe_loading` before ``torch.export.load`` reads them), and for raw text the package's tokenizer and BPE (sacremoses,
+subword-nmt). The search is :mod:`.search`, fairseq's; batches are sentences of
+similar length, as fairseq-generate and the hub make them.
+"""
+import json
+import os
+from typing import List, Optional, Sequence
+
+import torch
+
+from .safe_loading import load_program
+from .search import Hypothesis, SearchOptions, beam_search
+
+FORMAT = 1  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
+BPE_SEPARATOR = "@@"
+
+
+class ExportedModel:
+    """The folder ``convs2s-export`` wrote: the encoder and the decoder's step (torch.export
+    programs), the vocabularies and, where the model was trained on a ``convs2s-prepare``
+    folder, its languages and BPE codes."""
+
+    def __init__(self, directory):
+        self.directory = os.fspath(directory)
+        config_path = os.path.join(self.directory, "model.json")
+        if not os.path.isfile(config_path):
+            raise FileNotFoundError(f"{self.directory}: no model.json: not a folder written by convs2s-export")
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        if config.get("format") != FORMAT:
+            raise ValueError(f"{config_path}: format {config.get('format')}, this runtime reads format {FORMAT}: "
+                             "export the model again with this version's convs2s-export")
+        self.config = config
+        self.source_symbols, self.target_symbols = config["source_symbols"], config["target_symbols"]
+        self.source_index = {word: i for i, word in enumerate(self.source_symbols)}
+        self.eos, self.pad, self.unk, self.nspecial = (config[k] for k in ("eos", "pad", "unk", "nspecial"))
+        self.vocabulary_size = len(self.target_symbols)
+        self.windows = [tuple(shape) for shape in config["windows"]]
+        self.max_target_positions = config["max_target_positions"]
+        self.max_source_positions = config["max_source_positions"]
+        self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
+        self.decoder_step = load_program(os.path.join(self.directory, "step.pt2"))
+
+    @property
+    def bpe_codes(self) -> Optional[str]:
+        path = os.path.join(self.directory, "bpe.codes")
+        return path if os.path.isfile(path) else None
+
+    def encode(self, src_tokens):
+        return self.encoder(src_tokens)
+
+    def step(self, tokens, step: int, windows, z, sources):
+        return self.decoder_step(tokens, torch.tensor(step), windows, z, sources)
+
+    def source_ids(self, words: Sequence[str]) -> List[int]:
+        """fairseq's ``encode_line``: each word's id (``<unk>``'s where the source vocabulary
+        lacks it), then eos."""
+        unk = self.config["source_unk"]
+        return [self.source_index.get(word, unk) for word in words] + [self.config["source_eos"]]
+
+    def target_words(self, ids) -> List[str]:
+        """The words of target ids, eos left out."""
+        return [self.target_symbols[i] for i in ids.tolist() if i != self.eos]
+
+    def translate_ids(self, sentences: List[List[int]], options: SearchOptions,
+                      batch_size: int = 128) -> List[List[Hypothesis]]:
+        """The hypotheses of each sentence (source ids ending with eos), best first: batches
+        of ``batch_size`` sentences of similar length, left-padded; a sentence without words
+        gets none (the plugin translates it as empty)."""
+        too_long = [i for i, s in enumerate(sentences) if len(s) > self.max_source_positions]
+        if too_long:
+            raise ValueError(f"sentence {too_long[0] + 1} has {len(sentences[too_long[0]])} tokens, more than the "
+                             f"model's {self.max_source_positions} source positions")
+        results: List[List[Hypothesis]] = [[] for _ in sentences]
+        order = sorted((i for i, s in enumerate(sentences) if len(s) > 1), key=lambda i: len(sentences[i]))
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                batch = order[start: start + batch_size]
+                width = max(len(sentences[i]) for i in batch)
+                src_tokens = torch.full((len(batch), width), self.config["source_pad"], dtype=torch.long)
+                for row, i in enumerate(batch):
+                    src_tokens[row, width - len(sentences[i]):] = torch.tensor(sentences[i])
+                for i, hypotheses in zip(batch, beam_search(self, src_tokens, options)):
+                    results[i] = hypotheses
+        return results
+
+    def translate_tokens(self, sentences: List[List[str]], batch_size: int = 128, **options) -> List[List[str]]:
+        """The best hypothesis of each sentence (a list of tokens, BPE'd as the model's data),
+        as tokens; ``options``: :class:`SearchOptions`'s (beam, lenpen, max_len_a, ...)."""
+        found = self.translate_ids([self.source_ids(s) for s in sentences], SearchOptions(**options), batch_size)
+        return [self.target_words(h[0].tokens) if h else [] for h in found]
+
+
+def translate(model: ExportedModel, lines: List[str], batch_size: int = 128, **options) -> List[str]:
+    """Raw sentences in, raw translations out: normalized and tokenized as ``convs2s-prepare``
+    prepared the model's data, segmented with its BPE codes, translated, joined and
+    detokenized."""
+    from convs2s_preprocess.stages.bpe import apply_bpe
+    from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokenize
+
+    source, target = model.config.get("source_lang"), model.config.get("target_lang")
+    if source is None or target is None:
+        raise ValueError(f"{model.directory}: the export records no languages: translate tokens instead "
+                         "(translate_tokens), or export with --data of a convs2s-prepare folder")
+    romanian = model.config.get("romanian", False) and source == "ro"
+    tokenized = [normalize_and_tokenize(line, source, romanian) for line in lines]
+    if model.bpe_codes:
+        tokenized = [apply_bpe(line, model.bpe_codes) for line in tokenized]
+    words = model.translate_tokens([line.split() for line in tokenized], batch_size, **options)
+    joined = [(" ".join(w) + " ").replace(BPE_SEPARATOR + " ", "").rstrip() for w in words]
+    return [detokenize(line, target) for line in joined]

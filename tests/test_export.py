@@ -1,0 +1,259 @@
+"""convs2s-export and convs2s_serving: a model trained by fairseq-train, exported, and
+beam-searched with torch alone finds the plugin's hypotheses (fairseq-generate's, with the
+plugin's task), with their scores."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cli_helpers import run, write_lines
+from conftest import BIN, COMMAND_TIMEOUT, ROOT
+from tiny_runs import prepare, prepared_for_generation, train
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, data_dir):
+    """(prepared folder with BPE, checkpoint, exported folder)."""
+    work = tmp_path_factory.mktemp("export")
+    prepared = prepare(data_dir, work, "--bpe-merges", "500")
+    train(prepared / "bin", work / "checkpoints", "--task", "convs2s_translation", "--max-update", "30")
+    checkpoint = work / "checkpoints" / "checkpoint_last.pt"
+    run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", work / "exported")
+    return prepared, checkpoint, work / "exported"
+
+
+@pytest.mark.parametrize("options", [
+    ["--beam", 5],
+    ["--beam", 1],  # greedy: the plugin reads the sources unprojected at every step
+    ["--beam", 4, "--lenpen", 0.6, "--min-len", 3, "--max-len-a", 0.5, "--max-len-b", 4],
+    ["--beam", 3, "--unkpen", -3],  # more <unk>: the penalty must be applied as fairseq does
+])
+def test_the_exported_model_finds_the_plugins_hypotheses(exported, options):
+    """Every hypothesis of the n-best list (the whole beam) of every test sentence: the same
+    target ids in the same order, and the same scores up to float32 rounding. A model trained
+    30 updates scores many words alike: near ties are many, and all must fall the same way."""
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+
+    prepared, checkpoint, folder = exported
+    task, models, batches, generation = prepared_for_generation(prepared / "bin", checkpoint, *options,
+                                                                "--nbest", options[1])
+    generator = task.build_generator(models, generation)
+    model = ExportedModel(folder)
+    search = SearchOptions(beam=generation.beam, max_len_a=generation.max_len_a, max_len_b=generation.max_len_b,
+                           min_len=generation.min_len, lenpen=generation.lenpen, unkpen=generation.unkpen)
+    compared = 0
+    for batch in batches:
+        with torch.inference_mode():
+            expected = task.inference_step(generator, models, batch)
+            found = beam_search(model, batch["net_input"]["src_tokens"], search)
+        for theirs, ours in zip(expected, found):
+            assert [h.tokens.tolist() for h in ours] == [h["tokens"].tolist() for h in theirs]
+            torch.testing.assert_close(torch.tensor([h.score for h in ours]),
+                                       torch.stack([h["score"] for h in theirs]), rtol=0, atol=1e-4)
+            for h, e in zip(ours, theirs):
+                torch.testing.assert_close(h.positional_scores, e["positional_scores"], rtol=0, atol=1e-4)
+            compared += 1
+    assert compared == 20
+
+
+def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fairseq(exported, tmp_path):
+    """Raw lines in, the plugin's detokenized translations out, in the input's order, with an
+    empty line kept empty: and fairseq (and the plugin) cannot even be imported."""
+    prepared, checkpoint, folder = exported
+    raw = prepared.parent / "raw" / "test.en"
+    lines = raw.read_text(encoding="utf-8").splitlines()
+    source = tmp_path / "in.en"
+    write_lines(source, lines[:7] + [""] + lines[7:])
+    expected = tmp_path / "expected.de"
+    run("convs2s-translate", "--path", checkpoint, "--data", prepared, "-i", source, "-o", expected)
+    out = tmp_path / "out.de"
+    blocked = ("import sys; sys.modules.update(fairseq=None, fairseq_convs2s_ext=None); "
+               "from convs2s_serving.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", blocked, str(folder), "-i", str(source), "-o", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text(encoding="utf-8") == expected.read_text(encoding="utf-8")
+    assert out.read_text(encoding="utf-8").splitlines()[7] == ""
+    assert "convs2s-serve: 21 sentences in" in done.stderr
+
+
+@pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "not utf-8", "zero beam"])
+def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
+    _, _, folder = exported
+    source, out = tmp_path / "in.en", tmp_path / "out.de"
+    write_lines(source, ["A dog runs."])
+    if problem == "no folder":
+        folder = tmp_path / "missing"
+    elif problem == "not exported":
+        folder = tmp_path
+    elif problem == "newer format":
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for f in folder.iterdir():
+            (copy / f.name).symlink_to(f)
+        (copy / "model.json").unlink()
+        (copy / "model.json").write_text((folder / "model.json").read_text().replace('"format": 1', '"format": 99'))
+        folder = copy
+    elif problem == "not utf-8":
+        source.write_bytes("Caf\xe9\n".encode("latin-1"))
+    options = ["--beam", "0"] if problem == "zero beam" else []
+    done = subprocess.run([str(BIN / "convs2s-serve"), str(folder), "-i", str(source), "-o", str(out), *options],
+                          capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
+    named = {"no folder": str(folder), "not exported": "convs2s-export", "newer format": "convs2s-export",
+             "not utf-8": str(source), "zero beam": "--beam"}
+    assert named[problem] in lines[0]
+    assert not out.exists()
+
+
+def test_export_refuses_a_folder_as_checkpoint_in_one_line(exported, tmp_path):
+    prepared, checkpoint, _ = exported
+    done = subprocess.run([str(BIN / "convs2s-export"), "--path", str(checkpoint.parent), "--data", str(prepared),
+                           "-o", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT,
+                          timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"convs2s-export: error: {checkpoint.parent}: a folder, not a checkpoint: --path takes a file, "
+        "e.g. checkpoints/checkpoint_best.pt"]
+    assert not (tmp_path / "out").exists()
+
+
+def rewritten(archive, out, program=None, entries=None):
+    """A copy of the .pt2 ``archive`` at ``out`` with its program's JSON passed through
+    ``program`` (a function editing the parsed dict) and ``entries`` ({name suffix: bytes})
+    replacing or adding entries."""
+    import json
+    import zipfile
+
+    entries = dict(entries or {})
+    with zipfile.ZipFile(archive) as source, zipfile.ZipFile(out, "w") as target:
+        prefix = source.namelist()[0].split("/")[0]
+        for name in source.namelist():
+            data = source.read(name)
+            if name.endswith("models/model.json") and program:
+                document = json.loads(data)
+                program(document)
+                data = json.dumps(document).encode()
+            suffix = name[len(prefix) + 1:]
+            target.writestr(name, entries.pop(suffix, data))
+        for suffix, data in entries.items():
+            target.writestr(f"{prefix}/{suffix}", data)
+    return out
+
+
+class RunsCode:
+    """A pickle that runs ``touch MARKER`` when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def hostile(kind, archive, out, marker):
+    import json
+    import pickle
+
+    command = f"__import__('os').system('touch {marker}')"
+    if kind == "guard":
+        return rewritten(archive, out, lambda p: p["guards_code"].append(command))
+    if kind == "shape expression":
+        def edit(p):
+            text = json.dumps(p).replace("Symbol('s", "Symbol(" + command + " or 's", 1)
+            p.clear()
+            p.update(json.loads(text))
+        return rewritten(archive, out, edit)
+    if kind == "operation":
+        def edit(p):
+            p["graph_module"]["graph"]["nodes"][0]["target"] = "torch.serialization.load"
+        return rewritten(archive, out, edit)
+    if kind == "pickled weight":
+        import zipfile
+
+        with zipfile.ZipFile(archive) as source:
+            name = next(n for n in source.namelist() if n.endswith("model_weights_config.json"))
+            config = json.loads(source.read(name))
+        first = next(iter(config["config"].values()))
+        first["use_pickle"] = True
+        return rewritten(archive, out, entries={"data/weights/model_weights_config.json": json.dumps(config).encode(),
+                                                "data/weights/" + first["path_name"]: pickle.dumps(RunsCode(marker))})
+    if kind == "sample inputs":
+        return rewritten(archive, out, entries={"data/sample_inputs/model.pt": pickle.dumps(RunsCode(marker))})
+    if kind == "extra entry":
+        return rewritten(archive, out, entries={"data/constants/tensor_0": pickle.dumps(RunsCode(marker))})
+    raise ValueError(kind)
+
+
+HOSTILE = ["guard", "shape expression", "operation", "pickled weight", "sample inputs", "extra entry"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_hostile_export_is_refused_before_torch_reads_it(exported, tmp_path, kind):
+    """A folder whose step program carries code where torch.export.load would run it: refused
+    in one line naming the file, and the code never runs."""
+    _, _, folder = exported
+    copy, marker = tmp_path / "hostile", tmp_path / "ran"
+    copy.mkdir()
+    for f in folder.iterdir():
+        if f.name != "step.pt2":
+            (copy / f.name).symlink_to(f)
+    hostile(kind, folder / "step.pt2", copy / "step.pt2", marker)
+    done = subprocess.run([str(BIN / "convs2s-serve"), str(copy), "--tokens"], input="a dog\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"convs2s-serve: error: {copy / 'step.pt2'}: holds "), done.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["shape expression", "pickled weight"])
+def test_torch_export_load_alone_would_run_the_hostile_code(exported, tmp_path, kind):
+    """The threat is real: torch.export's own loader runs these archives' code."""
+    _, _, folder = exported
+    marker = tmp_path / "ran"
+    archive = hostile(kind, folder / "step.pt2", tmp_path / "step.pt2", marker)
+    subprocess.run([sys.executable, "-c", f"import torch; torch.export.load({str(archive)!r}).module()"],
+                   capture_output=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("shapes", [
+    dict(encoder_layers="[(16, 3), (24, 2), (24, 1), (16, 4)]", decoder_layers="[(16, 2), (24, 3), (24, 1), (16, 4)]",
+         decoder_attention="[True, False, True, True]"),
+    dict(share_input_output_embed=True),
+], ids=["widths, kernels and attention vary", "tied output embedding"])
+def test_any_layout_exports_and_searches_as_fairseq(tmp_path, shapes):
+    """Residual projections between widths, kernels of width 1, 2 and 4, layers without
+    attention, W_o tied to the embeddings (fc2 not folded): the export passes its own safety
+    check, and its search finds fairseq's hypotheses and scores for left-padded sources."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+    from fairseq_convs2s_ext.generation.export import export
+    from model_helpers import build, with_random_biases
+
+    torch.manual_seed(0)
+    model, d = build(**shapes)
+    with_random_biases(model)
+    model.make_generation_fast_()
+    export(model, tmp_path / "exported")
+    exported = ExportedModel(tmp_path / "exported")
+    lengths = torch.tensor([7, 3, 5])
+    src_tokens = torch.full((3, 7), d.pad())
+    for row, length in enumerate(lengths.tolist()):
+        src_tokens[row, 7 - length:-1] = torch.randint(d.nspecial, len(d), (length - 1,))
+        src_tokens[row, -1] = d.eos()
+    generator = SequenceGenerator([model], d, beam_size=4, max_len_b=9)
+    with torch.inference_mode():
+        expected = generator.generate([model], {"net_input": {"src_tokens": src_tokens, "src_lengths": lengths}})
+        found = beam_search(exported, src_tokens, SearchOptions(beam=4, max_len_b=9))
+    for theirs, ours in zip(expected, found):
+        assert [h.tokens.tolist() for h in ours] == [h["tokens"].tolist() for h in theirs]
+        torch.testing.assert_close(torch.tensor([h.score for h in ours]), torch.stack([h["score"] for h in theirs]),
+                                   rtol=0, atol=1e-5)
