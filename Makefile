@@ -38,7 +38,7 @@ $(VENV)/.installed: setup.py
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	PIP_CONSTRAINT=$(abspath $(VENV)/constraints.txt) $(PY) -m pip install -q -e ".[test,align,docs,bench]"
 	$(PY) -c "import logging; logging.basicConfig(level=logging.INFO, format='%(message)s'); \
-		from fairseq_convs2s_ext.generation import top_log_probs; top_log_probs.load()"
+		from convs2s_serving import top_log_probs; top_log_probs.load()"
 	touch $@
 
 test: install

@@ -45,8 +45,8 @@ setup(
     + [f"convs2s_preprocess.{part}" for part in find_packages("preprocess")],
     package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes", "convs2s_serving": "serving"},
     package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"],
-                  # the lean beam step's kernel, compiled on first use (generation/top_log_probs.py)
-                  "fairseq_convs2s_ext.generation": ["*.cpp"]},
+                  # the beam step's kernel, compiled on first use (serving/top_log_probs.py)
+                  "convs2s_serving": ["*.cpp"]},
     include_package_data=True,
     install_requires=[
         # Official fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is

@@ -14,6 +14,8 @@ from typing import List
 
 import torch
 
+from . import top_log_probs
+
 CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
 
 
@@ -66,13 +68,11 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     for step in range(max_len + 1):
         # the first step once per sentence: its hypotheses all hold eos alone
         last = tokens[::beam, step: step + 1] if step == 0 else tokens[:, step].view(bsz, beam)
-        log_probs, windows = model.step(last, step, windows, z, sources)
+        logits, windows = model.step(last, step, windows, z, sources)
         if step == 0:
             windows = [w.expand(-1, beam, -1, -1) for w in windows]
-        log_probs = log_probs.view(-1, log_probs.size(-1))
-        best = log_probs[:, nspecial:].topk(words_per_row, dim=1)  # the lean step: a row's best words
-        lprobs = torch.cat([log_probs[:, :nspecial], best.values], dim=1)
-        words = torch.cat([specials.expand(lprobs.size(0), -1), best.indices + nspecial], dim=1)
+        lprobs, best_words = _local_log_probs(logits.view(-1, logits.size(-1)), nspecial, words_per_row)
+        words = torch.cat([specials.expand(lprobs.size(0), -1), best_words], dim=1)
         lprobs[:, pad] = -math.inf
         lprobs[:, unk] -= options.unkpen
         if step >= max_len:
@@ -135,6 +135,16 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
         order = torch.sort(torch.tensor([h.score for h in hypotheses]), descending=True).indices
         hypotheses[:] = [hypotheses[i] for i in order]
     return finalized
+
+
+def _local_log_probs(logits, nspecial, words_per_row):
+    """Each row's log-probabilities of the special symbols and of its best words (the lean
+    step's local vocabulary), and those words' ids: one CPU kernel that reads each row once
+    (:mod:`.top_log_probs`), or torch's log_softmax and top-k; the same numbers."""
+    top = top_log_probs.log_softmax_top_k(logits, nspecial, words_per_row)
+    if top is None:
+        top = top_log_probs.top_k(torch.log_softmax(logits, dim=-1), nspecial, words_per_row)
+    return top
 
 
 def _finalize(step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, sentence_of, eos, beam, max_len,

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from . import top_log_probs
 from .safe_loading import load_program
 from .search import Hypothesis, SearchOptions, beam_search
 
@@ -50,6 +51,7 @@ class ExportedModel:
         self.max_source_positions = config["max_source_positions"]
         self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
         self.decoder_step = load_program(os.path.join(self.directory, "step.pt2"))
+        top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
 
     @property
     def bpe_codes(self) -> Optional[str]:

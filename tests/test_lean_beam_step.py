@@ -14,7 +14,8 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationTask
 
-from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment, top_log_probs
+from convs2s_serving import top_log_probs
+from fairseq_convs2s_ext.generation import LeanSequenceGenerator, LeanSequenceGeneratorWithAlignment
 from fairseq_convs2s_ext.generation.lean_beam_step import LocalVocabularyEnsemble
 from fairseq_convs2s_ext.generation import UnknownWordReplacer
 from cli_helpers import run

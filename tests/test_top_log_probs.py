@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from fairseq_convs2s_ext.generation import top_log_probs
+from convs2s_serving import top_log_probs
 
 CAPABILITY = torch.backends.cpu.get_cpu_capability()
 needs_kernel = pytest.mark.skipif(
@@ -52,7 +52,7 @@ def test_another_install_of_the_same_source_uses_the_built_kernel(tmp_path):
     shutil.copy(top_log_probs.SOURCE, other)
     out = in_python("import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
                     "from pathlib import Path\n"
-                    "from fairseq_convs2s_ext.generation import top_log_probs\n"
+                    "from convs2s_serving import top_log_probs\n"
                     f"top_log_probs.SOURCE = Path({str(other)!r})\n"
                     "assert top_log_probs.load() is not None")
     assert "compiling" not in out, out
@@ -73,7 +73,7 @@ def test_the_ninja_package_builds_whatever_path_holds(tmp_path):
     other.parent.mkdir()
     other.write_text(f"#!/bin/sh\ntouch {tmp_path / 'ran'}\nexit 1\n")
     other.chmod(0o755)
-    in_python("from fairseq_convs2s_ext.generation import top_log_probs\nassert top_log_probs.load() is not None",
+    in_python("from convs2s_serving import top_log_probs\nassert top_log_probs.load() is not None",
               PATH=f"{other.parent}{os.pathsep}{os.environ['PATH']}")
     assert not (tmp_path / "ran").exists()
     assert library.stat().st_mtime_ns == built
@@ -146,7 +146,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next():
     top_log_probs.load()
     lock = top_log_probs.build_directory(CAPABILITY) / "lock"
     lock.touch()
-    output = in_python("from fairseq_convs2s_ext.generation import top_log_probs as t; "
+    output = in_python("from convs2s_serving import top_log_probs as t; "
                        "print('kernel' if t.load() is not None else 'none')")
     assert output.split()[-1] == "kernel"
     assert not lock.exists()
@@ -154,7 +154,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next():
 
 def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
     output = in_python("import logging; logging.basicConfig(); import torch; "
-                       "from fairseq_convs2s_ext.generation import top_log_probs as t; "
+                       "from convs2s_serving import top_log_probs as t; "
                        "print(t.load(), t.log_softmax_top_k(torch.randn(2, 30), 4, 3))",
                        ATEN_CPU_CAPABILITY="default")
     assert "top_log_probs kernel is not used (no build for torch's CPU capability DEFAULT)" in output

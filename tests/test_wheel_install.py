@@ -10,7 +10,7 @@ without running its own ``.pth`` files: the editable install's finder stays off,
 plugin comes from the wheel alone (asserted below). fairseq's console scripts are written for
 the new environment as pip writes them. The lean beam step's kernel is built from a copy of
 the installed source in the user's torch extensions folder: the same text as the checkout's,
-so the kernel the checkout built serves both (generation/top_log_probs.py).
+so the kernel the checkout built serves both (serving/top_log_probs.py).
 """
 import importlib.metadata
 import json
@@ -118,7 +118,7 @@ def test_the_packages_and_their_data_come_from_the_wheel(installed):
     config_dir = Path(installed.sh("convs2s-recipe --config-dir").strip())
     assert config_dir == installed.site / "convs2s_recipes" / "configs"
     assert {p.name for p in (config_dir / "recipe").glob("*.yaml")} >= {"wmt16_en_ro.yaml", "multi30k_demo.yaml"}
-    assert (installed.site / "fairseq_convs2s_ext" / "generation" / "top_log_probs.cpp").exists()
+    assert (installed.site / "convs2s_serving" / "top_log_probs.cpp").exists()
 
 
 def hypothesis_ids(text):

@@ -7,7 +7,7 @@
   ending with eos) to what every decoder step reads of them;
 - ``step.pt2``: :class:`IncrementalStep`, one decoder step of M hypotheses for each of B
   sentences, from the last word of each hypothesis and the windows of the last k inputs
-  of each convolution, to the log-probabilities of the next word and the new windows;
+  of each convolution, to the logits of the next word and the new windows;
 - ``model.json``: both vocabularies, the special symbols' ids, the windows' shapes, the
   longest input and output the positions allow, and the languages;
 - ``bpe.codes``: the BPE codes the model's data was segmented with, where there are some.
@@ -20,8 +20,8 @@ computed as the others are (the plugin looks its products up per word seen), and
 step reads the sources through each attention's projections, as every later step does
 (the plugin's first step, made for one hypothesis a sentence, reads them unprojected). Both
 are the same numbers up to rounding; the hypotheses are the plugin's (tests/test_export.py
-compares them and their scores). The convolutions are plain linear maps of a window (no
-``LinearizedConvolution``), and no GradMultiply is left: it changes only gradients.
+compares them and their scores). Each convolution is a linear map of a window of its last k
+inputs, and GradMultiply, which changes only gradients, leaves an alias.
 
 Exported: float32 weights, the whole vocabulary. Not exported: vocabulary selection, int8,
 ensembles, unknown-word replacement (the runtime returns ``<unk>`` as the plugin does
@@ -37,11 +37,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from convs2s_preprocess.runtime.atomic import atomic_outputs
 from convs2s_serving.safe_loading import check_archive
+from convs2s_serving.translator import FORMAT
 
 from ..modules.multistep_attention import ProjectedSource
 from ..modules.scaling import scaled_sum
-
-FORMAT = 1  # model.json's "format": what convs2s_serving reads
 
 
 class SourceEncoding(nn.Module):
@@ -67,8 +66,9 @@ class IncrementalStep(nn.Module):
     each hypothesis) at position ``step`` (from 0, a 0-d tensor). ``windows``: for each
     convolution wider than 1, the last k inputs of each hypothesis (sentences x hypotheses
     x k x channels, zeros before the first word); ``z`` and ``sources``: what
-    :class:`SourceEncoding` returned for the sentences. Returns the log-probabilities of the
-    next word (sentences x hypotheses x V) and the windows moved on by one input."""
+    :class:`SourceEncoding` returned for the sentences. Returns the logits of the next word
+    (sentences x hypotheses x V; the search takes their log_softmax) and the windows moved
+    on by one input."""
 
     def __init__(self, model):
         super().__init__()
@@ -101,7 +101,7 @@ class IncrementalStep(nn.Module):
                 x, _ = attention(x, g, encoder_out, source)
                 attending += 1
             x = scaled_sum(x, residual)
-        return torch.log_softmax(decoder.output_projection(decoder.fc2(x)), dim=-1), moved
+        return decoder.output_projection(decoder.fc2(x)), moved
 
 
 def window_shapes(model):

@@ -18,10 +18,11 @@ scores, positional scores and n-best lists are the same as stock fairseq's, bit 
 (up to the order of exactly tied scores, which torch's top-k leaves unspecified).
 What stays per step over the whole vocabulary is the output projection, its log_softmax
 (the log-sum-exp of a row needs the exp of every logit) and a top-k per row. On a CPU, for
-one model, these two are one kernel (:mod:`.top_log_probs`) that reads each row of logits
-once and writes only the log-probabilities the search is offered, torch's values bit for
-bit; elsewhere (an ensemble, a GPU, a CPU without the kernel) they are torch's log_softmax,
-in place over the logits, and top-k. Gone are the NaN mask, the sum with the cumulative
+one model, these two are one kernel (:mod:`convs2s_serving.top_log_probs`, which
+``convs2s-serve`` uses too) that reads each row of logits once and writes only the
+log-probabilities the search is offered, torch's values bit for bit; elsewhere (an
+ensemble, a GPU, a CPU without the kernel) they are torch's log_softmax, in place over the
+logits, and top-k. Gone are the NaN mask, the sum with the cumulative
 scores, the temperature division at 1 and the two fresh hypotheses x V tensors of every
 step (the logits live in one tensor, reused).
 
@@ -46,13 +47,12 @@ import math
 from typing import Optional
 
 import torch
+from convs2s_serving import top_log_probs
+from convs2s_serving.search import CANDIDATE_MULTIPLE
 from fairseq import search
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator, SequenceGeneratorWithAlignment
 
 from ..modules.beam_reordering import sentences_kept
-from . import top_log_probs
-
-CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
 
 
 class LocalVocabularyEnsemble(EnsembleModel):

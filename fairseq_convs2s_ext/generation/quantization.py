@@ -45,7 +45,7 @@ shows). Its name is private; it is the op torchao and torch's compiler lower int
 to, and ``tests/test_quantize.py`` checks its integer results exactly, so a change of it fails
 there. At W_o's shape, converting and scaling the int32 sums (three passes over the
 640 x 10k logits) took about half as long as the product itself: fused into the lean step's
-:mod:`.top_log_probs` kernel, they would go. Over a whole beam search at equal work (an
+:mod:`convs2s_serving.top_log_probs` kernel, they would go. Over a whole beam search at equal work (an
 untrained ``convs2s_iwslt_de_en`` with random biases, 384 sentences of test_2016_flickr
 forced to 16 tokens, beam 5, batch 128, one thread, the same machine, two runs) int8
 translated 164-165 sentences per CPU-second against float32's 87-95 (1.73-1.90x).

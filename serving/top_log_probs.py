@@ -1,5 +1,6 @@
 """Each hypothesis's log-probabilities at the special symbols and its k best words, in one
-read of its logits: the lean beam step's per-step work over the vocabulary, on a CPU.
+read of its logits: a beam step's work over the vocabulary, on a CPU (the plugin's lean beam
+step's and ``convs2s-serve``'s).
 
 torch offers it as two operations: ``torch.log_softmax`` reads the hypotheses x V logits
 and writes as many log-probabilities, then ``torch.topk`` reads them again and copies each
