@@ -14,7 +14,8 @@ pytest.importorskip("ctranslate2", reason="bench.serving's peer: pip install ctr
 
 from bench.generation import generation_batches  # noqa: E402
 from bench.models import convs2s_task, translation_task  # noqa: E402
-from bench.serving import CTranslate2System, FairseqSystem, converted, detokenized, vocabulary_map  # noqa: E402
+from bench.serving import (CTranslate2System, ExportedSystem, FairseqSystem, converted, detokenized,  # noqa: E402
+                           vocabulary_map)
 from convs2s_preprocess.stages.align import build_align_dict, find_aligner  # noqa: E402
 from cli_helpers import run  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
@@ -56,7 +57,7 @@ def options():
 
 def test_every_system_translates_every_sentence_and_forced_length_is_equal_work(models):
     data_bin, transformer, convs2s = models
-    task, int8_task = translation_task(data_bin), convs2s_task(data_bin, quantize="int8")
+    task, ours_task, int8_task = translation_task(data_bin), convs2s_task(data_bin), convs2s_task(data_bin, quantize="int8")
     batches = generation_batches(task, 8)
     ids = sorted(i for batch in batches for i in batch["id"].tolist())
     lines = (data_bin / "test.en-de.en").read_text(encoding="utf-8").splitlines()
@@ -70,16 +71,21 @@ def test_every_system_translates_every_sentence_and_forced_length_is_equal_work(
         CTranslate2System("float32", converted(transformer, data_bin, "float32"), "float32", options(), sources),
         CTranslate2System("int8", converted(transformer, data_bin, "int8"), "int8", options(), sources),
         FairseqSystem("fairseq", loaded(transformer, task), task, options(), batches),
+        FairseqSystem("ours float32", loaded(convs2s, ours_task), ours_task, options(), batches),
         FairseqSystem("ours int8", loaded(convs2s, int8_task), int8_task, options(), batches),
+        ExportedSystem("ours exported", convs2s, data_bin, options(), batches),
     ]
     assert (transformer.parent / "ctranslate2-int8" / "model.bin").exists()
+    translations = {}
     for system in systems:
         seconds, text, tokens = system.translate(FORCED)
         assert seconds > 0 and len(text) == len(ids), system.name
         assert [len(t.split()) for t in text] == [FORCED] * len(ids), system.name
         assert tokens == (FORCED + 1) * len(ids), system.name  # and </s>
-        _, text, _ = system.translate(None)  # as trained: the model's own lengths
-        assert len(text) == len(ids) and all(isinstance(detokenized(t), str) for t in text), system.name
+        _, as_trained, tokens = system.translate(None)  # as trained: the model's own lengths
+        assert len(as_trained) == len(ids) and all(isinstance(detokenized(t), str) for t in as_trained), system.name
+        translations[system.name] = text, as_trained, tokens
+    assert translations["ours exported"] == translations["ours float32"]  # torch alone, the plugin's hypotheses
 
 
 def test_detokenized_removes_bpe_and_moses_tokenization():
