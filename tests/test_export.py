@@ -194,9 +194,12 @@ HOSTILE = ["guard", "shape expression", "operation", "pickled weight", "sample i
 
 
 @pytest.mark.parametrize("kind", HOSTILE)
-def test_a_hostile_export_is_refused_before_torch_reads_it(exported, tmp_path, kind):
-    """A folder whose step program carries code where torch.export.load would run it: refused
-    in one line naming the file, and the code never runs."""
+def test_a_hostile_archive_is_refused_before_torch_reads_it(exported, tmp_path, kind):
+    """A step program carrying code where torch.export.load would run it: refused, naming the
+    file and what it holds, and the code never runs."""
+    from convs2s_serving import ExportedModel
+    from convs2s_serving.safe_loading import UnsafeArchive
+
     _, _, folder = exported
     copy, marker = tmp_path / "hostile", tmp_path / "ran"
     copy.mkdir()
@@ -204,12 +207,26 @@ def test_a_hostile_export_is_refused_before_torch_reads_it(exported, tmp_path, k
         if f.name != "step.pt2":
             (copy / f.name).symlink_to(f)
     hostile(kind, folder / "step.pt2", copy / "step.pt2", marker)
+    with pytest.raises(UnsafeArchive, match=f"^{copy / 'step.pt2'}: holds .*: not loaded"):
+        ExportedModel(copy)
+    assert not marker.exists()
+
+
+def test_convs2s_serve_refuses_a_hostile_folder_in_one_line(exported, tmp_path):
+    _, _, folder = exported
+    copy, marker = tmp_path / "hostile", tmp_path / "ran"
+    copy.mkdir()
+    for f in folder.iterdir():
+        if f.name != "step.pt2":
+            (copy / f.name).symlink_to(f)
+    hostile("guard", folder / "step.pt2", copy / "step.pt2", marker)
     done = subprocess.run([str(BIN / "convs2s-serve"), str(copy), "--tokens"], input="a dog\n",
                           capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"convs2s-serve: error: {copy / 'step.pt2'}: holds "), done.stderr
-    assert not marker.exists()
+    assert len(lines) == 1 and lines[0].startswith(f"convs2s-serve: error: {copy / 'step.pt2'}: holds a guard"), \
+        done.stderr
+    assert not marker.exists() and not done.stdout
 
 
 @pytest.mark.parametrize("kind", ["shape expression", "pickled weight"])
