@@ -2,15 +2,16 @@
 
     from convs2s_serving import ExportedModel, translate
     model = ExportedModel("exported/")
-    translate(model, ["Ein Hund läuft durch den Schnee ."], beam=5)       # raw text
-    model.translate_tokens([["a", "dog", "runs", "."]])                    # tokens (BPE'd)
+    translate(model, ["A dog runs through the snow."], beam=5)          # raw text
+    model.translate_tokens([["A", "dog", "runs", "."]])                  # tokens (BPE'd)
 
     convs2s-serve exported/ < news.en > news.de                           # serving/cli.py
 
 What it needs: torch (the two programs are ``torch.export``'s, checked by
-:mod:`.safe_loading` before ``torch.export.load`` reads them), and for raw text the package's tokenizer and BPE (sacremoses,
-subword-nmt). The search is :mod:`.search`, fairseq's; batches are sentences of
-similar length, as fairseq-generate and the hub make them.
+:mod:`.safe_loading` before ``torch.export.load`` reads them), and for raw text the
+package's tokenizer and BPE (sacremoses, subword-nmt). The search is :mod:`.search`,
+fairseq's; batches are sentences of similar length, as fairseq-generate and the hub make
+them.
 """
 import json
 import os
@@ -36,10 +37,14 @@ class ExportedModel:
         config_path = os.path.join(self.directory, "model.json")
         if not os.path.isfile(config_path):
             raise FileNotFoundError(f"{self.directory}: no model.json: not a folder written by convs2s-export")
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-        if config.get("format") != FORMAT:
-            raise ValueError(f"{config_path}: format {config.get('format')}, this runtime reads format {FORMAT}: "
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{config_path}: not convs2s-export's JSON ({e}): export the model again") from None
+        if not isinstance(config, dict) or config.get("format") != FORMAT:
+            found = config.get("format") if isinstance(config, dict) else None
+            raise ValueError(f"{config_path}: format {found}, this runtime reads format {FORMAT}: "
                              "export the model again with this version's convs2s-export")
         self.config = config
         self.source_symbols, self.target_symbols = config["source_symbols"], config["target_symbols"]

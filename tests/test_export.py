@@ -78,7 +78,8 @@ def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fai
     assert "convs2s-serve: 21 sentences in" in done.stderr
 
 
-@pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "not utf-8", "zero beam"])
+@pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",
+                                     "zero beam"])
 def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     _, _, folder = exported
     source, out = tmp_path / "in.en", tmp_path / "out.de"
@@ -87,13 +88,15 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
         folder = tmp_path / "missing"
     elif problem == "not exported":
         folder = tmp_path
-    elif problem == "newer format":
+    elif problem in ("newer format", "damaged json"):
         copy = tmp_path / "copy"
         copy.mkdir()
         for f in folder.iterdir():
             (copy / f.name).symlink_to(f)
         (copy / "model.json").unlink()
-        (copy / "model.json").write_text((folder / "model.json").read_text().replace('"format": 1', '"format": 99'))
+        text = (folder / "model.json").read_text()
+        (copy / "model.json").write_text(text.replace('"format": 1', '"format": 99') if problem == "newer format"
+                                         else text[: len(text) // 2])
         folder = copy
     elif problem == "not utf-8":
         source.write_bytes("Caf\xe9\n".encode("latin-1"))
@@ -104,7 +107,7 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
     named = {"no folder": str(folder), "not exported": "convs2s-export", "newer format": "convs2s-export",
-             "not utf-8": str(source), "zero beam": "--beam"}
+             "damaged json": str(folder / "model.json"), "not utf-8": str(source), "zero beam": "--beam"}
     assert named[problem] in lines[0]
     assert not out.exists()
 
