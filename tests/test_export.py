@@ -89,15 +89,10 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     elif problem == "not exported":
         folder = tmp_path
     elif problem in ("newer format", "damaged json"):
-        copy = tmp_path / "copy"
-        copy.mkdir()
-        for f in folder.iterdir():
-            (copy / f.name).symlink_to(f)
-        (copy / "model.json").unlink()
         text = (folder / "model.json").read_text()
-        (copy / "model.json").write_text(text.replace('"format": 1', '"format": 99') if problem == "newer format"
-                                         else text[: len(text) // 2])
-        folder = copy
+        folder = linked_copy(folder, tmp_path / "copy", "model.json")
+        (folder / "model.json").write_text(text.replace('"format": 1', '"format": 99') if problem == "newer format"
+                                           else text[: len(text) // 2])
     elif problem == "not utf-8":
         source.write_bytes("Caf\xe9\n".encode("latin-1"))
     options = ["--beam", "0"] if problem == "zero beam" else []
@@ -122,6 +117,15 @@ def test_export_refuses_a_folder_as_checkpoint_in_one_line(exported, tmp_path):
         f"convs2s-export: error: {checkpoint.parent}: a folder, not a checkpoint: --path takes a file, "
         "e.g. checkpoints/checkpoint_best.pt"]
     assert not (tmp_path / "out").exists()
+
+
+def linked_copy(folder, copy, but):
+    """``copy``: links to every file of ``folder`` but the one named ``but``, for the test to write."""
+    copy.mkdir()
+    for f in folder.iterdir():
+        if f.name != but:
+            (copy / f.name).symlink_to(f)
+    return copy
 
 
 def rewritten(archive, out, program=None, entries=None):
@@ -204,11 +208,7 @@ def test_a_hostile_archive_is_refused_before_torch_reads_it(exported, tmp_path, 
     from convs2s_serving.safe_loading import UnsafeArchive
 
     _, _, folder = exported
-    copy, marker = tmp_path / "hostile", tmp_path / "ran"
-    copy.mkdir()
-    for f in folder.iterdir():
-        if f.name != "step.pt2":
-            (copy / f.name).symlink_to(f)
+    copy, marker = linked_copy(folder, tmp_path / "hostile", "step.pt2"), tmp_path / "ran"
     hostile(kind, folder / "step.pt2", copy / "step.pt2", marker)
     with pytest.raises(UnsafeArchive, match=f"^{copy / 'step.pt2'}: holds .*: not loaded"):
         ExportedModel(copy)
@@ -217,11 +217,7 @@ def test_a_hostile_archive_is_refused_before_torch_reads_it(exported, tmp_path, 
 
 def test_convs2s_serve_refuses_a_hostile_folder_in_one_line(exported, tmp_path):
     _, _, folder = exported
-    copy, marker = tmp_path / "hostile", tmp_path / "ran"
-    copy.mkdir()
-    for f in folder.iterdir():
-        if f.name != "step.pt2":
-            (copy / f.name).symlink_to(f)
+    copy, marker = linked_copy(folder, tmp_path / "hostile", "step.pt2"), tmp_path / "ran"
     hostile("guard", folder / "step.pt2", copy / "step.pt2", marker)
     done = subprocess.run([str(BIN / "convs2s-serve"), str(copy), "--tokens"], input="a dog\n",
                           capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
