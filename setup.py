@@ -45,7 +45,7 @@ setup(
     + [f"convs2s_preprocess.{part}" for part in find_packages("preprocess")],
     package_dir={"convs2s_preprocess": "preprocess", "convs2s_recipes": "recipes", "convs2s_serving": "serving"},
     package_data={"convs2s_recipes": ["configs/*.yaml", "configs/recipe/*.yaml"],
-                  # the beam step's kernel, compiled on first use (serving/top_log_probs.py)
+                  # the CPU kernels, compiled on first use (serving/kernels.py)
                   "convs2s_serving": ["*.cpp"]},
     include_package_data=True,
     install_requires=[

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from conftest import ROOT
-from convs2s_serving import top_log_probs
+from convs2s_serving import kernels, top_log_probs
 
 CAPABILITY = torch.backends.cpu.get_cpu_capability()
 needs_kernel = pytest.mark.skipif(
-    CAPABILITY not in top_log_probs.CAPABILITY_FLAGS or shutil.which("c++") is None,
+    CAPABILITY not in kernels.CAPABILITY_FLAGS or shutil.which("c++") is None,
     reason=f"no kernel for torch's CPU capability {CAPABILITY} or no C++ compiler",
 )
 
@@ -49,11 +49,11 @@ def test_another_install_of_the_same_source_uses_the_built_kernel(tmp_path):
     built = library.stat().st_mtime_ns
     other = tmp_path / "site-packages" / "top_log_probs.cpp"
     other.parent.mkdir()
-    shutil.copy(top_log_probs.SOURCE, other)
+    shutil.copy(top_log_probs.KERNEL.source, other)
     out = in_python("import logging; logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
                     "from pathlib import Path\n"
                     "from convs2s_serving import top_log_probs\n"
-                    f"top_log_probs.SOURCE = Path({str(other)!r})\n"
+                    f"top_log_probs.KERNEL.source = Path({str(other)!r})\n"
                     "assert top_log_probs.load() is not None")
     assert "compiling" not in out, out
     assert library.stat().st_mtime_ns == built

@@ -43,9 +43,11 @@ best of 9 rounds, because other jobs shared the machine: two runs, at load avera
 So the products are ``torch._int_mm``'s (oneDNN's s8 x s8 -> s32 gemm, as ``ONEDNN_VERBOSE=1``
 shows). Its name is private; it is the op torchao and torch's compiler lower int8 products
 to, and ``tests/test_quantize.py`` checks its integer results exactly, so a change of it fails
-there. At W_o's shape, converting and scaling the int32 sums (three passes over the
-640 x 10k logits) took about half as long as the product itself: fused into the lean step's
-:mod:`convs2s_serving.top_log_probs` kernel, they would go. Over a whole beam search at equal work (an
+there. The quantization of the rows before it and the conversion of the int32 sums after it
+are one C++ kernel (:mod:`convs2s_serving.int8_linear`, the same numbers as torch's seven
+operations, bit for bit): on the benchmark's model at equal work (2 threads, AMD EPYC with
+VNNI) it took int8 beam search from 354-380 to 400 sentences a second, and as trained from
+262-278 to 310-314, with the same translations. Over a whole beam search at equal work (an
 untrained ``convs2s_iwslt_de_en`` with random biases, 384 sentences of test_2016_flickr
 forced to 16 tokens, beam 5, batch 128, one thread, the same machine, two runs) int8
 translated 164-165 sentences per CPU-second against float32's 87-95 (1.73-1.90x).
@@ -73,6 +75,7 @@ import logging
 
 import torch
 import torch.nn as nn
+from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear
 from torch.nn.utils import parametrize
 
 from ..models.convs2s_decoder import ConvS2SDecoder
@@ -81,7 +84,6 @@ from ..modules.output_projection import OutputProjection
 logger = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("none", "int8")
-TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row or channel
 
 
 class QuantizeOptionError(ValueError):
@@ -99,27 +101,6 @@ def quantize_weight(weight: torch.Tensor):
     per output channel."""
     scale = weight.abs().amax(dim=1).div_(127).clamp_(min=TINY)
     return torch.round(weight / scale[:, None]).to(torch.int8), scale
-
-
-@torch.no_grad()  # for generation: rounding has no gradient
-def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                out: torch.Tensor = None) -> torch.Tensor:
-    """x (... x in) times int8 weights ``weight_t`` (in x out, per-channel ``scale``) plus
-    ``bias``, x quantized per row; ``out``: a contiguous float32 (rows x out) tensor to write
-    into, else a new one. The int32 sums are written into the float32 result's own memory
-    and converted there, element by element (same size, same place), so that the step makes
-    no second rows x out tensor."""
-    rows = x.reshape(-1, x.size(-1))
-    # max |x|: the same numbers as vector_norm(x, inf), whose CPU kernel took 8-14x as long at
-    # the decoder's shapes (640 x 256, 640 x 768; 2 threads, AMD EPYC)
-    row_scale = rows.abs().amax(dim=1, keepdim=True).div_(127).clamp_(min=TINY)
-    p = torch.round(rows / row_scale).to(torch.int8)
-    y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32, device=x.device) if out is None else out
-    sums = y.view(torch.int32)
-    torch._int_mm(p, weight_t, out=sums)
-    y.copy_(sums)
-    y.mul_(row_scale)
-    return torch.addcmul(bias, y, scale, out=y).view(*x.shape[:-1], -1)
 
 
 class Int8Weights:
@@ -211,6 +192,7 @@ def quantize_(models, mode: str = "int8") -> int:
                     setattr(part.get_submodule(parent_name), child, int8_layer(module))
                     replaced += 1
     if replaced:
+        KERNEL.load()  # built now, if need be, rather than during the first batch
         logger.info("int8: %d linear layers of the encoder and decoder multiply in int8 (per-channel "
                     "weights, per-row activations)", replaced)
     return replaced

@@ -1,0 +1,103 @@
+// A linear layer multiplying in int8, in one call: its input quantized per row, the int8
+// product (torch's _int_mm), and the int32 sums turned into the layer's output in place.
+//
+// The same numbers, bit for bit, as these torch operations (int8_linear.py), each of which
+// reads and writes the whole tensor once:
+//   r = x.abs().amax(1, keepdim=True).div_(127).clamp_(min=TINY)
+//   p = torch.round(x / r).to(torch.int8)
+//   sums = torch._int_mm(p, weight_t), written into y's own memory
+//   y.copy_(sums); y.mul_(r); torch.addcmul(bias, y, scale, out=y)
+// Here each row of x is read twice while in cache and y once. torch's addcmul is
+// bias + y * scale in one rounding (its build contracts it to a fused multiply-add): so is
+// this, explicitly, as the kernel is compiled with -ffp-contract=off.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// p (rows x n, int8) and r (rows) with x ~ r p, each row scaled by its own largest |x|.
+void quantize_rows(const float* x, int64_t rows, int64_t n, int8_t* p, float* r) {
+  const float tiny = std::numeric_limits<float>::min();
+  at::parallel_for(0, rows, 0, [&](int64_t begin, int64_t end) {
+    alignas(64) float rounded[Vec::size()];
+    for (int64_t m = begin; m < end; ++m) {
+      const float* row = x + m * n;
+      int8_t* q = p + m * n;
+      const float largest = at::vec::map_reduce_all<float>(
+          [](Vec v) { return v.abs(); }, [](Vec a, Vec b) { return at::vec::maximum(a, b); }, row, n);
+      float scale = largest / 127.0f;
+      scale = scale < tiny ? tiny : scale;  // clamp_(min=TINY), NaN kept as torch keeps it
+      r[m] = scale;
+      int64_t j = 0;
+      for (; j + Vec::size() <= n; j += Vec::size()) {
+        (Vec::loadu(row + j) / Vec(scale)).round().store(rounded);
+        for (int64_t l = 0; l < Vec::size(); ++l) q[j + l] = static_cast<int8_t>(rounded[l]);
+      }
+      for (; j < n; ++j) q[j] = static_cast<int8_t>(std::nearbyint(row[j] / scale));
+    }
+  });
+}
+
+// y (rows x o), which holds the int32 sums, becomes bias + (sums * r) * scale, in place.
+void dequantize_rows(float* y, int64_t rows, int64_t o, const float* r, const float* scale, const float* bias) {
+  at::parallel_for(0, rows, 0, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      float* row = y + m * o;
+      const Vec row_scale(r[m]);
+      int64_t j = 0;
+      for (; j + Vec::size() <= o; j += Vec::size()) {
+        int32_t sums[Vec::size()];
+        std::memcpy(sums, row + j, sizeof(sums));  // the same memory, read as int32
+        alignas(64) float values[Vec::size()];
+        for (int64_t l = 0; l < Vec::size(); ++l) values[l] = static_cast<float>(sums[l]);
+        Vec v = Vec::loadu(values) * row_scale;
+        at::vec::fmadd(v, Vec::loadu(scale + j), Vec::loadu(bias + j)).store(row + j);
+      }
+      for (; j < o; ++j) {
+        int32_t sum;
+        std::memcpy(&sum, row + j, sizeof(sum));
+        row[j] = std::fma(static_cast<float>(sum) * r[m], scale[j], bias[j]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// x (rows x n, float32, contiguous) times weight_t (n x o, int8, contiguous; per output
+// channel `scale`) plus `bias`, into `out` (rows x o, float32, contiguous), which is returned.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& scale,
+                       const at::Tensor& bias, at::Tensor out) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "int8_linear takes a contiguous 2-D float32 CPU input");
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == at::kChar && weight_t.size(0) == x.size(1),
+              "int8_linear: weight_t must be int8, in x out");
+  const int64_t rows = x.size(0), n = x.size(1), o = weight_t.size(1);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
+                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
+              "int8_linear: scale and bias must be float32, one per output channel");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
+                  out.size(1) == o,
+              "int8_linear: out must be a contiguous float32 rows x out tensor");
+  auto p = at::empty({rows, n}, x.options().dtype(at::kChar));
+  auto r = at::empty({rows}, x.options());
+  quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
+  auto sums = out.view(at::kInt);
+  at::_int_mm_out(sums, p, weight_t);
+  dequantize_rows(out.data_ptr<float>(), rows, o, r.data_ptr<float>(), scale.data_ptr<float>(),
+                  bias.data_ptr<float>());
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place");
+}

@@ -1,0 +1,75 @@
+"""The int8 linear layer's kernel: the same numbers, bit for bit, as its torch operations,
+and those operations, with a warning, where the kernel cannot be had."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from convs2s_serving import int8_linear, kernels
+
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+needs_kernel = pytest.mark.skipif(
+    CAPABILITY not in kernels.CAPABILITY_FLAGS or shutil.which("c++") is None,
+    reason=f"no kernel for torch's CPU capability {CAPABILITY} or no C++ compiler",
+)
+
+
+def operands(rows, width, out, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=generator) * 4
+    weight_t = torch.randint(-127, 128, (width, out), generator=generator, dtype=torch.int8)
+    return x, weight_t, torch.rand(out, generator=generator) / 50, torch.randn(out, generator=generator)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, width, out", [
+    (1, 3, 2),  # narrower than a vector
+    (9, 37, 21),  # tails after the vectors
+    (640, 256, 512),  # a decoder layer's
+    (640, 768, 512),  # the encoder's convolution, a source word's window
+    (130, 256, 9792),  # W_o
+])
+def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads):
+    x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width)
+    x[rows // 2] = 0  # a row's scale is TINY
+    x[-1, :2] = torch.tensor([1e30, -1e-30])  # a row of one large value
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = int8_linear.KERNEL.load().int8_linear(x, weight_t, scale, bias, torch.full((rows, out), float("nan")))
+    finally:
+        torch.set_num_threads(previous)
+    expected = int8_linear.int8_linear_torch(x, weight_t, scale, bias, torch.empty(rows, out))
+    assert torch.equal(got, expected)
+
+
+@needs_kernel
+def test_int8_linear_writes_into_out_and_keeps_leading_dimensions():
+    """As the layers call it: B x T x in, into W_o's reused logits or a new tensor."""
+    x, weight_t, scale, bias = operands(12, 40, 30, seed=3)
+    out = torch.empty(12, 30)
+    got = int8_linear.int8_linear(x.view(3, 4, 40), weight_t, scale, bias, out=out)
+    assert got.shape == (3, 4, 30) and got.data_ptr() == out.data_ptr()
+    assert torch.equal(got.view(12, 30), int8_linear.int8_linear_torch(x, weight_t, scale, bias, torch.empty(12, 30)))
+    strided = x.t().contiguous().t()  # not contiguous: the kernel takes a copy
+    assert torch.equal(int8_linear.int8_linear(strided, weight_t, scale, bias), got.view(12, 30))
+
+
+def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
+    code = ("import logging; logging.basicConfig(); import torch\n"
+            "from convs2s_serving import int8_linear as m\n"
+            "x, w = torch.randn(4, 8), torch.randint(-127, 128, (8, 5), dtype=torch.int8)\n"
+            "s, b = torch.rand(5), torch.randn(5)\n"
+            "assert torch.equal(m.int8_linear(x, w, s, b), m.int8_linear_torch(x, w, s, b, torch.empty(4, 5)))\n"
+            "print(m.KERNEL.load())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
+                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "int8_linear kernel is not used (no build for torch's CPU capability DEFAULT)" in proc.stdout
+    assert proc.stdout.split()[-1] == "None"
