@@ -228,20 +228,23 @@ class FairseqSystem:
 
 class ExportedSystem:
     """Ours exported by ``convs2s-export`` (exported afresh when the system is built, not
-    timed) and beam-searched by ``convs2s_serving``, torch alone, over the same batches as
-    fairseq's."""
+    timed; ``quantize`` float32 or int8, as ``--quantize``) and beam-searched by
+    ``convs2s_serving``, torch alone, over the same batches as fairseq's."""
 
-    def __init__(self, name, checkpoint, data_bin, args, batches):
+    def __init__(self, name, checkpoint, data_bin, args, batches, quantize="float32"):
         import tempfile
 
         from convs2s_serving import ExportedModel
 
         from fairseq_convs2s_ext.generation.export import export
+        from fairseq_convs2s_ext.generation.quantization import quantize_
 
         self.name, self.args, self.batches = name, args, batches
         self.folder = tempfile.TemporaryDirectory(prefix="convs2s-exported-")
         model = fairseq_model(checkpoint, convs2s_task(data_bin))
         model.make_generation_fast_(need_attn=False)
+        if quantize == "int8":
+            quantize_([model])
         export(model, Path(self.folder.name) / "model")
         self.model = ExportedModel(Path(self.folder.name) / "model")
 
@@ -288,7 +291,8 @@ class Models:
 
 
 SYSTEMS = ("CTranslate2 float32", PEER, "fairseq, Transformer", "fconv", "ours float32", "ours int8",
-           f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32")
+           f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
+           "ours exported, int8")
 
 
 def trained_models(args, data_bin):
@@ -316,8 +320,8 @@ def build_system(name, models, args, data_bin):
         return FairseqSystem(name, fairseq_model(models.transformer, task), task, args, batches)
     if name == "fconv":
         return FairseqSystem(name, load_fconv(models.fconv, task)[0], task, args, batches)
-    if name == "ours exported, float32":
-        return ExportedSystem(name, models.convs2s, data_bin, args, batches)
+    if name.startswith("ours exported"):
+        return ExportedSystem(name, models.convs2s, data_bin, args, batches, quantize=name.split(", ")[1])
     options = {"ours float32": {}, "ours int8": dict(quantize="int8"),
                "ours int8, vocabulary selection": dict(vocab_selection=models.candidates, quantize="int8")}[name]
     ours_task = convs2s_task(data_bin, **options)
@@ -397,7 +401,8 @@ def score(results, references):
         result["BLEU"] = sacrebleu_score(text[name], references)["score"]
     for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"),
                            (f"{PEER}, vocabulary map", "CTranslate2 float32"),
-                           ("ours int8, vocabulary selection", "ours float32")):
+                           ("ours int8, vocabulary selection", "ours float32"),
+                           ("ours exported, int8", "ours exported, float32")):
         if int8 in results and baseline in results:
             results[int8]["BLEU - float32, 95%"] = bleu_difference_interval(text[baseline], text[int8], references)
             results[int8]["identical to float32"] = sum(a == b for a, b in zip(text[baseline], text[int8]))

@@ -5,6 +5,8 @@ torch alone.
                        text in, translations out
 - :mod:`.search`  fairseq's beam search, step for step, over the exported decoder step
 - :mod:`.cli`          ``convs2s-serve``
+- :mod:`.top_log_probs`, :mod:`.int8_linear`  the C++ kernels of a beam step (:mod:`.kernels`
+                       builds them), which the plugin's generation runs too
 
     from convs2s_serving import ExportedModel, translate
     translate(ExportedModel("exported"), ["A dog runs through the snow."])

@@ -37,7 +37,9 @@ ALLOWED_TARGETS = frozenset({
         "mul.Tensor", "mul_.Tensor", "ne.Scalar", "pad.default", "permute.default", "reshape.default",
         "rsqrt.default", "select.int", "slice.Tensor", "softmax.int", "sum.dim_IntList", "sym_size.int",
         "to.dtype", "transpose.int", "type_as.default", "unfold.default", "unsqueeze.default", "view.default",
+        # int8 (convs2s-export --quantize int8)
     )),
+    "torch.ops.convs2s.int8_linear.default",  # int8 (convs2s-export --quantize int8): convs2s_serving.int8_linear
 })
 SYMPY_FUNCTIONS = frozenset({"Add", "Mul", "Min", "Max", "Mod", "PythonMod", "FloorDiv", "CleanDiv", "CeilToInt",
                              "FloorToInt", "TruncToInt", "Integer", "Symbol", "Pow"})
@@ -60,6 +62,8 @@ def load_program(path: str):
     """The program of the ``.pt2`` file ``path`` as a callable module, after
     :func:`check_archive`."""
     check_archive(path)
+    from . import int8_linear  # noqa: F401 (registers torch.ops.convs2s.int8_linear, which int8 programs call)
+
     return torch.export.load(path).module()
 
 

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import top_log_probs
+from . import int8_linear, top_log_probs
 from .safe_loading import load_program
 from .search import Hypothesis, SearchOptions, beam_search
 
@@ -57,6 +57,8 @@ class ExportedModel:
         self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
         self.decoder_step = load_program(os.path.join(self.directory, "step.pt2"))
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
+        if config.get("quantize") == "int8":
+            int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
 
     @property
     def bpe_codes(self) -> Optional[str]:

@@ -1,6 +1,7 @@
 """convs2s-export and convs2s_serving: a model trained by fairseq-train, exported, and
 beam-searched with torch alone finds the plugin's hypotheses (fairseq-generate's, with the
 plugin's task), with their scores."""
+import os
 import subprocess
 import sys
 
@@ -76,6 +77,56 @@ def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fai
     assert out.read_text(encoding="utf-8") == expected.read_text(encoding="utf-8")
     assert out.read_text(encoding="utf-8").splitlines()[7] == ""
     assert "convs2s-serve: 21 sentences in" in done.stderr
+
+
+def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kernel(exported, tmp_path):
+    """``--quantize int8``: the layers are calls of the int8 kernel's torch operation in the
+    program, and the search finds the plugin's int8 hypotheses on most sentences (not all:
+    the plugin's first convolution stays float32 and its first step reads the sources
+    unprojected). Without the kernel (no vectorized code), the operation's torch fallback
+    writes the same translations, bit for bit the same numbers, with fairseq unimportable."""
+    import json
+    import zipfile
+
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+
+    prepared, checkpoint, _ = exported
+    folder = tmp_path / "int8"
+    run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
+    assert json.loads((folder / "model.json").read_text())["quantize"] == "int8"
+    with zipfile.ZipFile(folder / "step.pt2") as archive:
+        program = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        targets = [node["target"] for node in json.loads(archive.read(program))["graph_module"]["graph"]["nodes"]]
+    assert targets.count("torch.ops.convs2s.int8_linear.default") >= 4  # fc1, the convolutions, W_o
+    assert "torch.ops.aten.linear.default" not in targets
+
+    task, models, batches, generation = prepared_for_generation(prepared / "bin", checkpoint, "--beam", 5,
+                                                                "--quantize", "int8")
+    generator = task.build_generator(models, generation)
+    model = ExportedModel(folder)
+    same = compared = 0
+    for batch in batches:
+        with torch.inference_mode():
+            expected = task.inference_step(generator, models, batch)
+            found = beam_search(model, batch["net_input"]["src_tokens"], SearchOptions(beam=5))
+        for theirs, ours in zip(expected, found):
+            same += ours[0].tokens.tolist() == theirs[0]["tokens"].tolist()
+            compared += 1
+    assert compared == 20 and same >= 15, same
+
+    source = prepared.parent / "raw" / "test.en"
+    outputs = []
+    for env in ({}, {"ATEN_CPU_CAPABILITY": "default"}):
+        out = tmp_path / f"out{len(outputs)}.de"
+        blocked = ("import sys; sys.modules.update(fairseq=None, fairseq_convs2s_ext=None); "
+                   "from convs2s_serving.cli import main; sys.exit(main(sys.argv[1:]))")
+        done = subprocess.run([sys.executable, "-c", blocked, str(folder), "-i", str(source), "-o", str(out)],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+                              env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert "int8_linear kernel is not used" in done.stderr
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 20
 
 
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",

@@ -1,7 +1,7 @@
 """``convs2s-export``: a trained model as a folder that ``convs2s-serve`` translates with, without
 fairseq (:mod:`..generation.export` says what the folder holds).
 
-    convs2s-export --path checkpoints/checkpoint_best.pt --data data -o exported
+    convs2s-export --path checkpoints/checkpoint_best.pt --data data -o exported [--quantize int8]
     convs2s-serve exported < news.en > news.de
 """
 import argparse
@@ -10,6 +10,7 @@ import sys
 
 from ..excepthook import install_excepthook
 from ..generation.export import export
+from ..generation.quantization import QUANTIZE_MODES
 from ..models.hub_interface import binarized_folder, bpe_codes, from_pretrained
 from .translate import prepared_record
 
@@ -22,6 +23,8 @@ def parser():
     p.add_argument("--path", required=True, help="checkpoint file (checkpoints/checkpoint_best.pt)")
     p.add_argument("--data", required=True, help="the folder convs2s-prepare wrote for the model (or its bin/)")
     p.add_argument("-o", "--output", required=True, help="the folder to write (replaced if it exists)")
+    p.add_argument("--quantize", choices=QUANTIZE_MODES, default="none",
+                   help="int8: the linear layers multiply in int8, as fairseq-generate --quantize int8 (CPU)")
     return p
 
 
@@ -35,7 +38,7 @@ def main(argv=None):
         sys.exit(f"convs2s-export: error: {args.output}: a file: -o takes the folder to write")
     try:
         hub = from_pretrained(os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path),
-                              os.path.abspath(args.data), tokenizer="space")
+                              os.path.abspath(args.data), tokenizer="space", quantize=args.quantize)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-export: error: {e}")
     if len(hub.models) != 1:

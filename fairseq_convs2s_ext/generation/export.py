@@ -23,9 +23,16 @@ are the same numbers up to rounding; the hypotheses are the plugin's (tests/test
 compares them and their scores). Each convolution is a linear map of a window of its last k
 inputs, and GradMultiply, which changes only gradients, leaves an alias.
 
-Exported: float32 weights, the whole vocabulary. Not exported: vocabulary selection, int8,
-ensembles, unknown-word replacement (the runtime returns ``<unk>`` as the plugin does
-without ``--replace-unk``).
+A model quantized to int8 (:mod:`.quantization`, ``convs2s-export --quantize int8``) is
+exported with its int8 weights, each linear layer one call of
+``torch.ops.convs2s.int8_linear`` (:mod:`convs2s_serving.int8_linear`, the kernel the plugin
+runs); what reads a layer's weights directly stays float32 there, as in the plugin, but here
+the first convolution is one of the layers multiplied in int8 (the plugin looks its float32
+products up per word) and the first step reads the projected sources: the hypotheses are
+mostly, not all, the plugin's int8 ones.
+
+Exported: the whole vocabulary. Not exported: vocabulary selection, ensembles, unknown-word
+replacement (the runtime returns ``<unk>`` as the plugin does without ``--replace-unk``).
 """
 import json
 import os
@@ -40,6 +47,7 @@ from convs2s_serving.safe_loading import check_archive
 from convs2s_serving.translator import FORMAT
 
 from ..modules.multistep_attention import ProjectedSource
+from .quantization import Int8Weights
 from ..modules.scaling import scaled_sum
 
 
@@ -110,11 +118,15 @@ def window_shapes(model):
 
 
 def export(model, directory, languages=(None, None), bpe_codes=None, romanian=False):
-    """Write ``model`` (a ConvS2S model prepared for generation) into ``directory`` as the
-    module's docstring says, in float32 for the CPU; the folder appears whole or not at all.
+    """Write ``model`` (a ConvS2S model prepared for generation, in float32 or quantized to
+    int8) into ``directory`` as the module's docstring says, for the CPU; the folder appears whole or not at all.
     ``languages`` (source, target), ``bpe_codes`` (a file) and ``romanian`` (the source was
     prepared with the Romanian steps) are what the runtime needs to translate raw text."""
     model = model.float().cpu()  # fairseq has put it in eval mode (a prepared model has no train())
+    for module in model.modules():
+        if isinstance(module, Int8Weights):  # stored as weights: torch.export keeps other buffers as constants
+            module.register_buffer("weight_t", module.weight_t)
+            module.register_buffer("weight_scale", module.weight_scale)
     src_dict, tgt_dict = model.encoder.dictionary, model.decoder.dictionary
     sentences, hypotheses = torch.export.Dim("sentences", min=1), torch.export.Dim("hypotheses", min=1)
     # a source of one token is eos alone, an empty sentence: the runtime translates it as empty
@@ -140,6 +152,7 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         "max_source_positions": model.encoder.max_positions(),
         "source_lang": languages[0], "target_lang": languages[1], "romanian": romanian,
         "source_symbols": list(src_dict.symbols), "target_symbols": list(tgt_dict.symbols),
+        "quantize": "int8" if any(isinstance(m, Int8Weights) for m in model.modules()) else "none",
     }
     with atomic_outputs([os.fspath(directory)]) as (temp,):
         os.makedirs(temp)
