@@ -82,8 +82,8 @@ def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fai
 def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kernel(exported, tmp_path):
     """``--quantize int8``: the layers are calls of the int8 kernel's torch operation in the
     program, and the search finds the plugin's int8 hypotheses on most sentences (not all:
-    the plugin's first convolution stays float32 and its first step reads the sources
-    unprojected). Without the kernel (no vectorized code), the operation's torch fallback
+    the plugin's first step reads the sources unprojected, through the attention's int8
+    layers). Without the kernel (no vectorized code), the operation's torch fallback
     writes the same translations, bit for bit the same numbers, with fairseq unimportable."""
     import json
     import zipfile

@@ -123,6 +123,25 @@ def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection
             assert isinstance(model.decoder.fc2, Int8Linear)
 
 
+def test_int8_multiplies_the_first_convolution_at_every_step_instead_of_looking_it_up():
+    """float32 generation looks the first convolution's products up per word seen; int8
+    multiplies it at every step, for every hypothesis, in int8 (the lookup was slower than
+    the product): and its steps stay close to the float32 lookup's."""
+    torch.manual_seed(2)
+    model, d = prepared_model()
+    src, prev = random_tokens(d, 6, 9), random_tokens(d, 6, 8)
+    with torch.no_grad():
+        looked_up = decode_incrementally(model, src, prev)
+        quantize_([model], "int8")
+        rows = []
+        model.decoder.convolutions[0].linear.register_forward_hook(
+            lambda module, inputs, output: rows.append(output.shape[:-1].numel()))
+        got = decode_incrementally(model, src, prev)
+    assert isinstance(model.decoder.convolutions[0].linear, Int8Linear)
+    assert rows == [6] * prev.size(1)  # every hypothesis at every step: no lookup
+    assert (got - looked_up).norm() / looked_up.norm() < 0.03
+
+
 def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_fc2_fold():
     """A model quantized before make_generation_fast_: weight normalization is folded first;
     fc2 folded into the int8 W_o afterwards (the hub's or a task's later call) is quantized

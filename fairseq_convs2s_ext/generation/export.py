@@ -26,10 +26,9 @@ inputs, and GradMultiply, which changes only gradients, leaves an alias.
 A model quantized to int8 (:mod:`.quantization`, ``convs2s-export --quantize int8``) is
 exported with its int8 weights, each linear layer one call of
 ``torch.ops.convs2s.int8_linear`` (:mod:`convs2s_serving.int8_linear`, the kernel the plugin
-runs); what reads a layer's weights directly stays float32 there, as in the plugin, but here
-the first convolution is one of the layers multiplied in int8 (the plugin looks its float32
-products up per word) and the first step reads the projected sources: the hypotheses are
-mostly, not all, the plugin's int8 ones.
+runs); what reads a layer's weights directly stays float32 there, as in the plugin. The
+first step reads the projected sources, where the plugin's reads them unprojected, through
+the attention's int8 layers: the hypotheses are mostly, not all, the plugin's int8 ones.
 
 Exported: the whole vocabulary. Not exported: vocabulary selection, ensembles, unknown-word
 replacement (the runtime returns ``<unk>`` as the plugin does without ``--replace-unk``).

@@ -74,6 +74,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         self.need_attn = True
         self.project_sources_once = True  # see projected_sources
         self.fold_fc2 = True  # see make_generation_fast_
+        self.look_up_first_convolution = True  # see first_convolution_looked_up
         self.fc2 = Linear(channels, out_embed_dim)
         if share_input_output_embed:
             if out_embed_dim != embed_dim:
@@ -154,7 +155,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     def first_convolution_looked_up(self, prev_output_tokens, incremental_state):
         """The first block's convolution at an incremental step, without its matrix multiply;
-        None outside incremental decoding and when dropout is on (it would fall between).
+        None outside incremental decoding, when dropout is on (it would fall between) and
+        without ``look_up_first_convolution`` (``--quantize int8`` turns it off).
 
         The block's input is fc1 of the embeddings, fc1(w_j + p_j) = W_1 w_j + fc1(p_j), so its
         convolution over the window of the last k target elements j (zeros before the first) is
@@ -163,7 +165,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         row a step. The k products W_s W_1 w of a word are made the first time the search sees
         it (:meth:`word_products`); a beam search sees few of the vocabulary's words. The
         numbers are the same up to rounding."""
-        if incremental_state is None or any(
+        if incremental_state is None or not self.look_up_first_convolution or any(
             dropout.p > 0 and (dropout.training or dropout.apply_during_inference)
             for dropout in (self.dropout, self.embed.dropout)
         ):
