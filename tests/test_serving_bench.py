@@ -125,6 +125,7 @@ def test_the_vocabulary_map_holds_ctranslate2_to_our_candidates(models, candidat
     assert len(text) == len(ids) and tokens == (FORCED + 1) * len(ids)
 
 
+@pytest.mark.slow  # the benchmark's method, not the product's behaviour: make test-slow
 def test_each_system_is_measured_in_a_fresh_process_of_its_own(models, candidates, tmp_path):
     """measure_each_alone builds each system in a process of its own (spawned: nothing of the
     others is loaded there; CTranslate2 never in the caller's) and gives each phase's result of

@@ -389,8 +389,10 @@ INTERRUPTED = ("interrupted: the finished steps and shards in out are kept; "
 
 
 @needs_data
-@pytest.mark.parametrize("sig, status, last_line", [(signal.SIGINT, 1, INTERRUPTED),
-                                                    (signal.SIGTERM, 143, None)])
+@pytest.mark.parametrize("sig, status, last_line", [
+    (signal.SIGINT, 1, INTERRUPTED),
+    pytest.param(signal.SIGTERM, 143, None, marks=pytest.mark.slow),  # the same stop, by another signal
+])
 def test_ctrl_c_or_sigterm_stop_cleanly_and_the_rerun_goes_on(tmp_path, sig, status, last_line):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM (as a
     batch scheduler sends it) while the workers tokenize: Ctrl-C's one line, no traceback

@@ -57,9 +57,18 @@ def without(small_bin, tmp_path, *names):
 REBINARIZE = "binarize the split again (convs2s-prepare or fairseq-preprocess)"
 
 
-@pytest.mark.parametrize("task", [TASK, []], ids=["convs2s_translation", "fairseq's task"])
-@pytest.mark.parametrize("removed", [["train.en-de.de.idx"], ["train.en-de.de.idx", "train.en-de.de.bin"],
-                                     ["train.en-de.en.idx"]], ids=["target idx", "target", "source idx"])
+def missing_files():
+    """Each file removed with each task; the default run takes one task for each file and
+    both tasks across them (each case trains: ``slow`` ones run with ``make test-slow``)."""
+    removed = {"target idx": ["train.en-de.de.idx"], "target": ["train.en-de.de.idx", "train.en-de.de.bin"],
+               "source idx": ["train.en-de.en.idx"]}
+    tasks = {"convs2s_translation": TASK, "fairseq's task": []}
+    default = {("target idx", "convs2s_translation"), ("target", "fairseq's task"), ("source idx", "fairseq's task")}
+    return [pytest.param(tasks[t], removed[r], id=f"{r}-{t}", marks=[pytest.mark.slow] if (r, t) not in default else [])
+            for r in removed for t in tasks]
+
+
+@pytest.mark.parametrize("task, removed", missing_files())
 def test_a_split_with_a_file_missing_is_named(small_bin, tmp_path, task, removed):
     """fairseq trains on the sources alone and stops at the model's TypeError (a target file
     missing), or stops with "Dataset not found" (a source file): the plugin's task refuses the
