@@ -1,15 +1,15 @@
 // A linear layer multiplying in int8, in one call: its input quantized per row, the int8
 // product (torch's _int_mm), and the int32 sums turned into the layer's output in place.
 //
-// The same numbers, bit for bit, as these torch operations (int8_linear.py), each of which
-// reads and writes the whole tensor once:
-//   r = x.abs().amax(1, keepdim=True).div_(127).clamp_(min=TINY)
+// The same numbers, bit for bit, as these torch operations (int8_linear.py's
+// int8_linear_torch), each of which reads and writes a whole tensor:
+//   r = x.abs().amax(1, keepdim=True).div(127).clamp(min=TINY)
 //   p = torch.round(x / r).to(torch.int8)
-//   sums = torch._int_mm(p, weight_t), written into y's own memory
-//   y.copy_(sums); y.mul_(r); torch.addcmul(bias, y, scale, out=y)
-// Here each row of x is read twice while in cache and y once. torch's addcmul is
-// bias + y * scale in one rounding (its build contracts it to a fused multiply-add): so is
-// this, explicitly, as the kernel is compiled with -ffp-contract=off.
+//   y = torch.addcmul(bias, torch._int_mm(p, weight_t).to(torch.float32) * r, scale)
+// Here each row of x is read twice while in cache, and the int32 sums, written into y's own
+// memory, are turned into y there in one pass. torch's addcmul is bias + y * scale in one
+// rounding (its build contracts it to a fused multiply-add): so is this, explicitly, as the
+// kernel is compiled with -ffp-contract=off.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>

@@ -1,16 +1,19 @@
 """A linear layer's product in int8 on a CPU (``--quantize int8``: per-row activations,
 per-channel weights; :mod:`fairseq_convs2s_ext.generation.quantization` says what and why).
 
-As torch operations (:func:`int8_linear_torch`, which ``torch.export`` traces for
-``convs2s-export --quantize int8``) it is seven passes over memory: the rows' largest |x|,
-the division, the rounding, the int8 copy, the product (``torch._int_mm``), then the int32
-sums converted, scaled by row and by channel with the bias added; at the
+As torch operations (:func:`int8_linear_torch`) it is seven passes over memory: the rows'
+largest |x|, the division, the rounding, the int8 copy, the product (``torch._int_mm``),
+then the int32 sums converted, scaled by row and by channel with the bias added; at the
 decoder's shapes all but the product took about as long as the product itself (a beam
 search's profile, 2 threads, AMD EPYC with VNNI). The kernel in ``int8_linear.cpp`` does the
 same in three: each row quantized while in cache, the product, the sums turned into the
 output in place; the same numbers, bit for bit. It is compiled on first use
 (:mod:`.kernels`) and used after it has matched the torch operations; where it cannot be
 had, they do the work.
+
+``torch.ops.convs2s.int8_linear`` is the same product as an operation of torch's, which
+``torch.export`` records once per layer (``convs2s-export --quantize int8``) and an exported
+program calls: importing this module registers it.
 """
 from typing import Optional
 
@@ -43,9 +46,8 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
 @torch.library.custom_op("convs2s::int8_linear", mutates_args=())
 def int8_linear_op(rows: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
                    bias: torch.Tensor) -> torch.Tensor:
-    """:func:`int8_linear` of ``rows`` (m x in) as an operation of torch's own,
-    ``torch.ops.convs2s.int8_linear``, which an exported program calls: registered by
-    importing this module, as ``convs2s-serve`` does before it loads a program."""
+    """:func:`int8_linear` of ``rows`` (m x in) as ``torch.ops.convs2s.int8_linear``
+    (``convs2s-serve`` imports this module before it loads a program)."""
     return int8_linear(rows, weight_t, scale, bias)
 
 
