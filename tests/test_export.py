@@ -129,6 +129,20 @@ def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kern
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 20
 
 
+def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_path):
+    """The int8 weights are stored as weights for the export only: the model's state_dict
+    (which quantization leaves without them) is the same after."""
+    from fairseq_convs2s_ext.generation.export import export
+    from fairseq_convs2s_ext.generation.quantization import quantize_
+
+    prepared, checkpoint, _ = exported
+    _, (model,), _, _ = prepared_for_generation(prepared / "bin", checkpoint)
+    quantize_([model])
+    before = set(model.state_dict())
+    export(model, tmp_path / "int8")
+    assert set(model.state_dict()) == before and not any("weight_t" in key for key in before)
+
+
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",
                                      "zero beam"])
 def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):

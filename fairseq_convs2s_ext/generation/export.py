@@ -33,6 +33,7 @@ the attention's int8 layers: the hypotheses are mostly, not all, the plugin's in
 Exported: the whole vocabulary. Not exported: vocabulary selection, ensembles, unknown-word
 replacement (the runtime returns ``<unk>`` as the plugin does without ``--replace-unk``).
 """
+import contextlib
 import json
 import os
 import shutil
@@ -46,8 +47,8 @@ from convs2s_serving.safe_loading import check_archive
 from convs2s_serving.translator import FORMAT
 
 from ..modules.multistep_attention import ProjectedSource
-from .quantization import Int8Weights
 from ..modules.scaling import scaled_sum
+from .quantization import Int8Weights
 
 
 class SourceEncoding(nn.Module):
@@ -116,22 +117,37 @@ def window_shapes(model):
     return [(c.kernel_width, c.in_channels) for c in model.decoder.convolutions if c.kernel_width > 1]
 
 
+@contextlib.contextmanager
+def int8_weights_stored(model):
+    """The int8 layers' weights as persistent buffers while the model is exported (torch.export
+    stores the others as constants, which the archive check refuses), non-persistent again
+    after, as quantization made them."""
+    int8 = [module for module in model.modules() if isinstance(module, Int8Weights)]
+
+    def registered(persistent):
+        for module in int8:
+            module.register_buffer("weight_t", module.weight_t, persistent=persistent)
+            module.register_buffer("weight_scale", module.weight_scale, persistent=persistent)
+
+    registered(True)
+    try:
+        yield
+    finally:
+        registered(False)
+
+
 def export(model, directory, languages=(None, None), bpe_codes=None, romanian=False):
     """Write ``model`` (a ConvS2S model prepared for generation, in float32 or quantized to
     int8) into ``directory`` as the module's docstring says, for the CPU; the folder appears whole or not at all.
     ``languages`` (source, target), ``bpe_codes`` (a file) and ``romanian`` (the source was
     prepared with the Romanian steps) are what the runtime needs to translate raw text."""
     model = model.float().cpu()  # fairseq has put it in eval mode (a prepared model has no train())
-    for module in model.modules():
-        if isinstance(module, Int8Weights):  # stored as weights: torch.export keeps other buffers as constants
-            module.register_buffer("weight_t", module.weight_t)
-            module.register_buffer("weight_scale", module.weight_scale)
     src_dict, tgt_dict = model.encoder.dictionary, model.decoder.dictionary
     sentences, hypotheses = torch.export.Dim("sentences", min=1), torch.export.Dim("hypotheses", min=1)
     # a source of one token is eos alone, an empty sentence: the runtime translates it as empty
     length = torch.export.Dim("length", min=2, max=model.encoder.max_positions())
     src_tokens = torch.full((2, 3), src_dict.eos())
-    with torch.no_grad():
+    with torch.no_grad(), int8_weights_stored(model):
         encoder = torch.export.export(SourceEncoding(model), (src_tokens,),
                                       dynamic_shapes=({0: sentences, 1: length},))
         z, sources = SourceEncoding(model)(src_tokens)
