@@ -126,7 +126,7 @@ def kill_and_resume(case: Case, reference: Path, duration: float, folder: Path, 
     it, at a moment drawn in [0, ``duration``); then run it to the end. Returns what went
     wrong: a run that failed, a process left running, a difference from ``reference``."""
     case.setup(folder)
-    problems = []
+    problems, killed_at = [], []
     for kill in range(kills):
         moment = moments.uniform(0, duration)
         proc = subprocess.Popen(case.argv, cwd=folder, env=ENV, stdout=subprocess.DEVNULL,
@@ -138,6 +138,7 @@ def kill_and_resume(case: Case, reference: Path, duration: float, folder: Path, 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            killed_at.append(moment)
         proc.stderr.close()
         if not wait_until(lambda: not processes_mentioning(str(folder)), 10):
             problems.append(f"left running after SIGKILL at {moment:.2f} s: "
@@ -147,6 +148,8 @@ def kill_and_resume(case: Case, reference: Path, duration: float, folder: Path, 
         problems.append(f"the run after {kills} kills failed: {done.stderr[-3000:]}")
     else:
         problems += case.compare(reference, folder)
+    if problems:  # where the kills fell, to find the window again (they depend on the machine's speed)
+        problems.append(f"killed at {', '.join(f'{m:.2f} s' for m in killed_at) or 'none (each run ended first)'}")
     return problems
 
 
