@@ -108,6 +108,8 @@ def run_training(args, data_bin, results):
                 for model in models:
                     print(f"fairseq-train {model} {arch}, {max_tokens} tokens, {precision}", file=sys.stderr, flush=True)
                     row[model] = train(args, data_bin, model, arch, max_tokens, precision)
+                    print(f"  {row[model][0]:,.0f} target words/s, loss {row[model][1]:.2f}", file=sys.stderr, flush=True)
+                    save(args, results)
 
 
 def translations(log):
@@ -140,23 +142,29 @@ def run_generation(args, data_bin, results):
             results.setdefault("generate", {})[f"beam 5, {precision}"] = {
                 "fconv": stock_speed, "ours": speed, "identical": sum(lean.get(i) == h for i, h in stock.items()),
                 "sentences": len(stock)}
+            save(args, results)
+
+
+def save(args, results):
+    """Write what is measured so far to ``--json``: a run stopped by its time limit keeps it."""
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
 
 def print_table(args, results):
-    device = "CPU (smoke test, not a measurement)" if args.cpu else torch.cuda.get_device_name()
-    print(f"\n{device}; torch {torch.__version__}; demo data (Multi30k en-de, BPE 10k); {args.updates} updates")
+    print(f"\n{results['device']}; torch {results['torch']}; demo data (Multi30k en-de, BPE 10k); {args.updates} updates")
     if "train" in results:
         models = [m for m in next(iter(results["train"].values()))]
         print("\nfairseq-train, target words/s (median of fairseq's wps after the first third), last loss")
-        print(f"{'':34}" + "".join(f"{m:>22}" for m in models) + "".join(f"{m + ' / fconv':>22}" for m in models[1:]))
+        print(f"{'':34}" + "".join(f"{m:>22}" for m in models) + "".join(f"{m + ' / fconv':>25}" for m in models[1:]))
         for name, row in results["train"].items():
-            cells = [f"{row[m][0]:,.0f} ({row[m][1]:.2f})" for m in models]
-            cells += [f"{row[m][0] / row['fconv'][0]:.2f}x" for m in models[1:]]
-            print(f"{name:34}" + "".join(f"{c:>22}" for c in cells))
+            speeds = [f"{row[m][0]:,.0f} ({row[m][1]:.2f})" if m in row else "-" for m in models]
+            ratios = [f"{row[m][0] / row['fconv'][0]:.2f}x" if m in row else "-" for m in models[1:]]
+            print(f"{name:34}" + "".join(f"{c:>22}" for c in speeds) + "".join(f"{c:>25}" for c in ratios))
         fp16 = [(name, row) for name, row in results["train"].items() if name.endswith("fp16")]
         for name, row in fp16:
             fp32 = results["train"].get(name[: -len("fp16")] + "fp32")
-            if fp32:
+            if fp32 and "ours" in row and "ours" in fp32:
                 print(f"ours fp16 / ours fp32, {name[: -len(', fp16')]}: {row['ours'][0] / fp32['ours'][0]:.2f}x")
     if "generate" in results:
         print("\nfairseq-generate, sentences/s (test_2016_flickr)")
@@ -169,7 +177,8 @@ def main(argv=None):
     args = parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     data_bin = prepare("demo")
-    results = {}
+    results = {"device": "CPU (smoke test, not a measurement)" if args.cpu else torch.cuda.get_device_name(),
+               "torch": torch.__version__}
     try:
         if "train" not in skip:
             run_training(args, data_bin, results)
@@ -177,8 +186,7 @@ def main(argv=None):
             run_generation(args, data_bin, results)
     finally:
         print_table(args, results)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        save(args, results)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,22 @@ def test_a_reference_cut_off_is_resumed_from_its_last_checkpoint(small_bin, tmp_
     (checkpoint.parent / "done").unlink()  # as if killed after its last checkpoint
     assert reference_checkpoint(small_bin, epochs=1) == checkpoint  # resumed: nothing left to train
     assert (checkpoint.parent / "done").exists()
+
+
+def test_gpu_table_keeps_and_prints_what_a_time_limit_cut_short(tmp_path, capsys):
+    """bench.gpu rewrites its JSON after each measurement; a row cut short prints as far as it got."""
+    from bench import gpu
+
+    args = gpu.parse_args(["--cpu", "--compile", "--json", str(tmp_path / "gpu.json")])
+    results = {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "train": {
+        "wmt_en_ro, 4000 tokens, fp32": {"fconv": (38610.0, 9.27), "ours": (38368.0, 9.27)},
+        "wmt_en_ro, 4000 tokens, fp16": {"fconv": (45097.0, 9.77)},  # ours was running
+    }}
+    gpu.save(args, results)
+    gpu.print_table(args, results)
+    table = capsys.readouterr().out
+    assert json.loads((tmp_path / "gpu.json").read_text())["results"] == json.loads(json.dumps(results))
+    rows = {line[:34].strip(): line[34:].split() for line in table.splitlines() if line.startswith("wmt_en_ro")}
+    assert rows == {"wmt_en_ro, 4000 tokens, fp32": ["38,610", "(9.27)", "38,368", "(9.27)", "0.99x"],
+                    "wmt_en_ro, 4000 tokens, fp16": ["45,097", "(9.77)", "-", "-"]}
+    assert "NVIDIA H200" in table and "ours fp16 / ours fp32" not in table
