@@ -183,6 +183,43 @@ def test_loss_reads_low_precision_logits_in_fp32(implementation, dtype):
     torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-3)  # rounding to dtype only
 
 
+def both_implementations(device, dtype, seed, implementations=IMPLEMENTATIONS):
+    """{implementation: (loss, nll, gradient)} over the same 700 x 1000 logits of ``dtype``."""
+    from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
+
+    torch.manual_seed(seed)
+    x = (4 * torch.randn(700, 1000, device=device)).to(dtype).requires_grad_()
+    target = torch.randint(2, 1000, (700,), device=device)
+    target[::5] = PAD
+    outputs = {}
+    for implementation in implementations:
+        x.grad = None
+        loss, nll = label_smoothed_cross_entropy(x, target, 0.1, PAD, implementation)
+        loss.backward()
+        outputs[implementation] = (loss.detach(), nll.detach(), x.grad.clone())
+    return outputs
+
+
+def assert_implementations_agree(outputs, dtype):
+    """Both compute in fp32 (loss and nll agree to fp32's rounding) and round each gradient
+    once to the logits' dtype: where their fp32 gradients straddle a rounding boundary, the
+    rounded ones are one unit in the last place apart, eps(dtype) relative (0.4% in bf16,
+    twenty times fp32's tolerance), never more."""
+    (loss, nll, grad), (other_loss, other_nll, other_grad) = outputs["fused"], outputs["blockwise"]
+    torch.testing.assert_close(loss, other_loss, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(nll, other_nll, rtol=1e-4, atol=1e-4)
+    assert grad.dtype == other_grad.dtype == dtype
+    torch.testing.assert_close(grad, other_grad, rtol=max(torch.finfo(dtype).eps, 1e-4), atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_both_implementations_agree_to_one_unit_of_the_logits_dtype(dtype, seed):
+    """With fp32's tolerance, 1 to 3 of the 700,000 half-precision gradients differ in at least
+    one of these seeds (a unit in the last place); on an H200 seed 0 already did in bf16."""
+    assert_implementations_agree(both_implementations("cpu", dtype, seed), dtype)
+
+
 @pytest.mark.parametrize("candidates", [False, True])
 def test_both_implementations_give_the_criterion_the_same_loss_nll_and_gradients(setup, candidates):
     """Through the criterion, with padding and (vocabulary selection) a batch's candidates."""

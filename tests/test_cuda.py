@@ -9,11 +9,11 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from fairseq_convs2s_ext.criterions import ConvS2SCrossEntropyCriterion
-from fairseq_convs2s_ext.criterions.label_smoothed_loss import label_smoothed_cross_entropy
 from fairseq_convs2s_ext.generation import LeanSequenceGenerator
 from fairseq_convs2s_ext.tasks.convs2s_translation import ConvS2STranslationConfig, ConvS2STranslationTask
 from model_helpers import build, random_tokens
 from test_compile import batch, train
+from test_criterion import assert_implementations_agree, both_implementations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 PAD = 1
@@ -29,27 +29,18 @@ def test_the_model_computes_on_the_gpu_what_it_computes_on_the_cpu():
         model.to(device).zero_grad(set_to_none=True)
         loss, _, _ = criterion(model, utils.apply_to_sample(lambda t: t.to(device), sample))
         loss.backward()
-        results.append((loss.item(), [p.grad.cpu() for p in model.parameters()]))
+        # copies: on the CPU .cpu() is the gradient itself, which model.to("cuda") then moves
+        results.append((loss.item(), [p.grad.to("cpu", copy=True) for p in model.parameters()]))
     (cpu_loss, cpu_grads), (gpu_loss, gpu_grads) = results
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)
-    for cpu_grad, gpu_grad in zip(cpu_grads, gpu_grads):
-        torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5)
+    for (name, _), cpu_grad, gpu_grad in zip(model.named_parameters(), cpu_grads, gpu_grads):
+        torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_both_losses_agree_on_the_gpu_and_auto_takes_the_fused_one(dtype):
-    torch.manual_seed(0)
-    x = (4 * torch.randn(700, 1000, device="cuda")).to(dtype).requires_grad_()
-    target = torch.randint(2, 1000, (700,), device="cuda")
-    target[::5] = PAD
-    outputs = {}
-    for implementation in ("fused", "blockwise", "auto"):
-        x.grad = None
-        loss, nll = label_smoothed_cross_entropy(x, target, 0.1, PAD, implementation)
-        loss.backward()
-        outputs[implementation] = (loss.detach(), nll.detach(), x.grad.clone())
-    for a, b in zip(outputs["fused"], outputs["blockwise"]):
-        torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-4)
+    outputs = both_implementations("cuda", dtype, 0, ("fused", "blockwise", "auto"))
+    assert_implementations_agree(outputs, dtype)
     assert all(torch.equal(a, b) for a, b in zip(outputs["auto"], outputs["fused"]))
 
 
