@@ -87,7 +87,8 @@ def cases(tmp_path_factory, data_dir):
 
     def train():
         return Case("train", lambda folder: folder.mkdir(parents=True, exist_ok=True), command(
-            "fairseq-train", prepared() / "bin", "--user-dir", USER_DIR, "--arch", "convs2s_tiny", "--optimizer",
+            "fairseq-train", prepared() / "bin", "--user-dir", USER_DIR, "--task", "convs2s_translation", "--arch",
+            "convs2s_tiny", "--optimizer",
             "nag", "--lr", "0.25", "--momentum", "0.99", "--clip-norm", "0.1", "--criterion",
             "convs2s_cross_entropy", "--max-tokens", "1000", "--save-dir", "ck", "--no-progress-bar", "--seed", "1",
             "--num-workers", "0", "--max-epoch", "2"), _same_training)

@@ -7,7 +7,8 @@ replacement in fairseq-generate and fairseq-interactive.
     fairseq-interactive DATA ... --replace-unk align.dict < raw-sentences
 
 Training is unchanged from ``--task translation`` (a model trained with either generates with
-either) unless ``--vocab-selection`` or ``--autocast-bf16`` is given. What this task adds,
+either) unless ``--vocab-selection`` or ``--autocast-bf16`` is given, except that a run
+resumed from a checkpoint continues the uninterrupted run exactly. What this task adds,
 each through a task hook:
 
 - ``build_generator``: fairseq's generator with the lean beam step (each hypothesis offers
@@ -41,6 +42,12 @@ each through a task hook:
 - ``load_dictionary``: records the file a dictionary came from, so that a checkpoint trained
   with other dictionaries is refused with a message naming it (see
   :mod:`fairseq_convs2s_ext.checkpoints.dictionaries`).
+- ``get_batch_iterator`` (fairseq-train resumed): fairseq orders a split's sentences for
+  batching with the seed plus the epoch at which it makes the iterator, and keeps those
+  batches for every later epoch. An uninterrupted run makes them at epoch 1, a run resumed
+  from a checkpoint at the epoch it resumes in: sentences of equal length fall into other
+  batches, and the resumed training differs from the uninterrupted one. Here the batches a
+  run keeps are always those of epoch 1, so a resumed run continues the same training.
 - ``get_batch_iterator`` (fairseq-interactive): an input line longer than the model takes
   is reported on stderr and skipped, and the lines after it are translated (same module);
   in a split of fairseq-generate or of validation, such a sentence is refused in one line
@@ -263,10 +270,17 @@ class ConvS2STranslationTask(TranslationTask):
             ignore_invalid_inputs = True
         elif max_positions is not None and not ignore_invalid_inputs:
             self._refuse_too_long(dataset, max_positions)
-        return super().get_batch_iterator(
+        epoch = kwargs.pop("epoch", 1)
+        kept = (self.can_reuse_epoch_itr(dataset) and not kwargs.get("disable_iterator_cache")
+                and not kwargs.get("update_epoch_batch_itr") and not getattr(self.cfg, "rebuild_batches", False))
+        made = kept and dataset not in self.dataset_to_epoch_iter
+        iterator = super().get_batch_iterator(
             dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs,
-            required_batch_size_multiple, **kwargs,
+            required_batch_size_multiple, epoch=1 if kept else epoch, **kwargs,
         )
+        if made:  # epoch 1's batches, iterated from the epoch asked for
+            iterator.epoch = epoch
+        return iterator
 
     def _refuse_too_long(self, dataset, max_positions):
         """A split of generation or validation with a sentence longer than the model takes is
