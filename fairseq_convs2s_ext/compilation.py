@@ -2,9 +2,11 @@
 
 The model is compiled once, on its first batch, with dynamic shapes: batches of other sizes
 and lengths reuse the same compiled code instead of compiling anew (``torch.compile``'s
-default would compile a second time at the second shape, then go dynamic). Sizes of 0 and 1
-are still specialised by torch, so a batch of one sentence, or of one-token targets,
-compiles once more. fairseq's ``--required-seq-len-multiple N`` pads lengths to multiples of
+default would compile a second time at the second shape, then go dynamic). Without torch's
+duck shaping, which gives sizes that happen to be equal in the first batch one symbol (as
+many sentences as target positions, sources as long as targets) and compiles again at the
+first batch where they differ. Sizes of 0 and 1 are still specialised by torch, so a batch
+of one sentence, or of one-token targets, compiles once more. fairseq's ``--required-seq-len-multiple N`` pads lengths to multiples of
 N, which keeps the shapes few for ``--compile-mode reduce-overhead`` (CUDA graphs, one per
 shape). Every batch that compiled something is logged, with the time it took and the
 number of graphs so far; the numbers computed are eager mode's up to rounding (a test
@@ -41,10 +43,14 @@ class CompiledModels:
         return compiled
 
     @contextlib.contextmanager
-    def logged(self, sample):
-        """Log what compiling the step around it took, if it compiled anything."""
+    def step(self, sample):
+        """Around a step that calls a compiled model: its sizes traced without duck shaping,
+        and what compiling took logged, if it compiled anything."""
+        import torch.fx.experimental._config as shapes_config
+
         graphs, start = graphs_compiled(), time.perf_counter()
-        yield
+        with shapes_config.patch(use_duck_shape=False):
+            yield
         new = graphs_compiled() - graphs
         if new:
             tokens = sample.get("net_input", {}).get("src_tokens") if sample else None

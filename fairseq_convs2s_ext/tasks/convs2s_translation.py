@@ -392,5 +392,5 @@ class ConvS2STranslationTask(TranslationTask):
         if self.compiled is None:
             yield model
             return
-        with self.compiled.logged(sample):
+        with self.compiled.step(sample):
             yield self.compiled(model)
