@@ -87,6 +87,7 @@ def test_bleu_difference_interval_tells_a_real_difference_from_none():
     assert bleu_difference_interval(baseline, baseline, references) == (0, 0)
 
 
+@pytest.mark.slow  # two fairseq-train runs of the benchmark's reference, 16 s
 def test_a_reference_cut_off_is_resumed_from_its_last_checkpoint(small_bin, tmp_path, monkeypatch):
     """A reference whose training was cut off (its checkpoint_last.pt, no ``done``) is resumed
     by fairseq-train, which reads the checkpoint back under torch's weights_only loading."""

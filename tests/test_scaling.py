@@ -204,6 +204,7 @@ def test_serial_fractions_from_many_cores_the_alignments_from_its_own_times(tmp_
     assert serial["align dict less training"] == pytest.approx((40 / 220 - 1 / 16) / (1 - 1 / 16))
 
 
+@pytest.mark.slow  # bench.cores end to end, 15 s: the default run keeps its early-stop test
 @needs_data
 def test_cores_smoke_run_times_every_stage_per_count(tmp_path):
     """bench.cores on 2,000 pairs with 1 and 2 workers, the alignment dictionary too (about
