@@ -2,16 +2,16 @@
 
 The model is compiled once, on its first batch, with dynamic shapes: batches of other sizes
 and lengths reuse the same compiled code instead of compiling anew (``torch.compile``'s
-default would compile a second time at the second shape, then go dynamic). Without torch's
-duck shaping, which gives sizes that happen to be equal in the first batch one symbol (as
-many sentences as target positions, sources as long as targets) and compiles again at the
-first batch where they differ. Sizes of 0 and 1 are still specialised by torch, so a batch
-of one sentence, or of one-token targets, compiles once more. fairseq's ``--required-seq-len-multiple N`` pads lengths to multiples of
-N, which keeps the shapes few for ``--compile-mode reduce-overhead`` (CUDA graphs, one per
-shape). Every batch that compiled something is logged, with the time it took and the
-number of graphs so far; the numbers computed are eager mode's up to rounding (a test
-checks 1e-5 on the CPU). Generation is not compiled: its incremental state is Python dicts
-that change every step.
+default would compile a second time at the second shape, then go dynamic). torch's duck
+shaping is off while it traces: it would give sizes that happen to be equal in the first
+batch (as many sentences as target positions, sources as long as targets) one symbol, and
+compile again at the first batch where they differ. Sizes of 0 and 1 are still specialised
+by torch, so a batch of one sentence, or of one-token targets, compiles once more. fairseq's
+``--required-seq-len-multiple N`` pads lengths to multiples of N, which keeps the shapes few
+for ``--compile-mode reduce-overhead`` (CUDA graphs, one per shape). Every batch that
+compiled something is logged, with the time it took and the number of graphs so far; the
+numbers computed are eager mode's up to rounding (a test checks 1e-5 on the CPU).
+Generation is not compiled: its incremental state is Python dicts that change every step.
 """
 import contextlib
 import logging
