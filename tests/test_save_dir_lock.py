@@ -1,10 +1,16 @@
 """One training per --save-dir: a second fairseq-train with the plugin's task into a folder that a
 live training writes stops at once with one line naming the first; a killed training's lock is
 taken over. Before, two seeds into one folder ended with one run's checkpoint_last.pt beside the
-other's checkpoint_N.pt, or one died renaming checkpoint_N.pt.tmp."""
+other's checkpoint_N.pt, or one died renaming checkpoint_N.pt.tmp. A training that holds its folder
+copies checkpoints whole: before, a kill or a full disk during fairseq's copy of a save to
+checkpoint_last.pt left it cut short, and the resumed run stopped (a CI run of the test below)."""
+import os
 import signal
 import subprocess
+import sys
+import textwrap
 
+import pytest
 from conftest import BIN, ROOT
 from convs2s_preprocess.runtime.locking import LOCK_NAME
 from faults import wait_until
@@ -39,3 +45,35 @@ def test_a_second_training_into_a_save_dir_stops_and_a_killed_ones_lock_is_taken
     assert third.returncode == 0, third.stderr[-3000:]
     assert "taking over the lock of a run that ended without releasing it" in third.stdout + third.stderr
     assert (save_dir / "checkpoint_last.pt").exists() and not (save_dir / LOCK_NAME).exists()
+
+
+COPY = textwrap.dedent("""
+    import resource, signal, sys
+    from fairseq import checkpoint_utils
+    from fairseq_convs2s_ext.checkpoints import save_dir_lock
+    save_dir, new, last, fault = sys.argv[1:]
+    save_dir_lock.hold(save_dir)
+    if fault != "none":  # no file may grow past 2 MiB: the kernel kills the writer, or its write fails
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL if fault == "killed" else signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
+    checkpoint_utils.PathManager.copy(new, last, overwrite=True)  # as fairseq's save_checkpoint does
+""")
+
+
+@pytest.mark.parametrize("fault", ["killed", "disk full"])
+def test_a_copy_to_checkpoint_last_cut_short_leaves_the_old_one(tmp_path, fault):
+    new, last = tmp_path / "checkpoint7.pt", tmp_path / "checkpoint_last.pt"
+    new.write_bytes(os.urandom(8 << 20))
+    old = os.urandom(1 << 20)
+    last.write_bytes(old)
+    copying = [sys.executable, "-c", COPY, str(tmp_path), str(new), str(last)]
+    cut = subprocess.run(copying + [fault], capture_output=True, text=True, timeout=BOUND)
+    if fault == "killed":
+        assert cut.returncode == -signal.SIGXFSZ, cut.stderr[-3000:]
+    else:
+        assert cut.returncode == 1 and "File too large" in cut.stderr, cut.stderr[-3000:]
+    assert last.read_bytes() == old, "checkpoint_last.pt was written in place"
+    done = subprocess.run(copying + ["none"], capture_output=True, text=True, timeout=BOUND)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last.read_bytes() == new.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [new.name, last.name]  # no temporary file left

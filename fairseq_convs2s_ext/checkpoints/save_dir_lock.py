@@ -10,13 +10,15 @@ its ``--save-dir`` as ``convs2s-prepare`` takes on its output folder
 folder, holding the run's pid and command line). The second run stops before it reads or
 writes anything there, with one line naming the first; the lock of a run that was killed is
 released by the kernel with its process and taken over by the next. Only the process of rank
-0 takes it: the other ranks of a distributed training write no checkpoints.
+0 takes it: the other ranks of a distributed training write no checkpoints. Holding it also
+makes fairseq's copies of a checkpoint into the folder whole or nothing (:mod:`.whole_copies`).
 """
 import atexit
 from contextlib import ExitStack
 
 from convs2s_preprocess.runtime.locking import FolderInUse, output_lock
 
+from . import whole_copies
 from .errors import CheckpointError
 
 _held = ExitStack()
@@ -28,8 +30,10 @@ class SaveDirInUse(CheckpointError):
 
 
 def hold(save_dir: str) -> None:
-    """Hold ``save_dir``'s lock until this process ends, or raise :class:`SaveDirInUse`."""
+    """Hold ``save_dir``'s lock until this process ends, or raise :class:`SaveDirInUse`; from
+    then on fairseq copies checkpoints whole (:mod:`.whole_copies`)."""
     try:
         _held.enter_context(output_lock(save_dir))
     except FolderInUse as e:
         raise SaveDirInUse(f"--save-dir {e}") from None
+    whole_copies.install()
