@@ -162,16 +162,16 @@ def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_f
     assert (got - expected).norm() / expected.norm() < 0.03
 
 
-def test_int8_output_projection_reuses_its_logits_and_scores_candidates_in_float32():
+def test_int8_output_projection_reuses_its_logits_and_scores_candidates_as_every_word():
     """W_o over the whole vocabulary writes each step's logits into one tensor (the lean step's
-    ``reuse_logits``), in int8; over candidate words (vocabulary selection) it multiplies
-    their float32 rows, exactly as the float32 layer does."""
+    ``reuse_logits``), in int8; over candidate words (vocabulary selection: the batch's, or
+    the columns every sentence shares) each candidate's logit is, bit for bit, its int8 logit
+    over the whole vocabulary, the rows quantized once for a search's steps."""
     model, d = prepared_model()
     projection = model.decoder.output_projection
     features = torch.randn(10, 1, projection.in_features)
     candidates = torch.tensor([0, 1, 2, 3, 11, 25, 40])
     expected = F.linear(features, projection.weight, projection.bias).detach()
-    expected_candidates = F.linear(features, projection.weight[candidates], projection.bias[candidates]).detach()
     quantize_([model], "int8")
     projection = model.decoder.output_projection
     state = {}
@@ -179,7 +179,18 @@ def test_int8_output_projection_reuses_its_logits_and_scores_candidates_in_float
     second = projection(features[:6], incremental_state=state, reuse_logits=True)
     assert second.data_ptr() == first.data_ptr()  # the same memory, overwritten
     assert (second - expected[:6]).norm() / expected[:6].norm() < 0.02
-    assert torch.equal(projection(features, candidates).detach(), expected_candidates)
+    every_word = projection(features).detach()
+    assert torch.equal(projection(features, candidates).detach(), every_word[..., candidates])
+    per_sentence = torch.stack([candidates, torch.tensor([0, 1, 2, 3, 11, 30, -1])])  # 2 sentences x 5 hypotheses
+    search = {}
+    for step in range(2):
+        got = projection(features, per_sentence, incremental_state=search).detach()
+        assert torch.equal(got[:, :, :5], every_word[..., candidates[:5]])  # the shared columns (specials, 11), int8
+        own = F.linear(features[:5], projection.weight[[25, 40]], projection.bias[[25, 40]]).detach()
+        torch.testing.assert_close(got[:5, :, 5:], own, rtol=1e-6, atol=1e-6)  # own words, float32
+    own = F.linear(features[5:], projection.weight[30], projection.bias[30]).detach()
+    torch.testing.assert_close(got[5:, :, 5], own, rtol=1e-6, atol=1e-6)
+    assert got[5:, :, 6].eq(float("-inf")).all()
 
 
 def test_quantize_refuses_what_it_was_not_measured_on():

@@ -104,8 +104,8 @@ class OutputProjection(nn.Linear):
         if rows is None:
             rows = self.gather_rows(candidates, features.size(0), incremental_state)
         if isinstance(rows, BatchRows):
-            return F.linear(features, rows.weight, rows.bias)
-        logits = F.linear(features, rows.shared_weight, rows.shared_bias)
+            return self.rows_product(features, rows.weight, rows.bias, incremental_state)
+        logits = self.rows_product(features, rows.shared_weight, rows.shared_bias, incremental_state)
         hypotheses, steps, channels = features.shape
         sentences = rows.own_weight.size(0)
         by_sentence_logits = logits.view(sentences, -1, logits.size(-1))
@@ -122,6 +122,11 @@ class OutputProjection(nn.Linear):
         own = torch.baddbmm(rows.own_bias.unsqueeze(2), rows.own_weight, by_sentence.transpose(1, 2))
         parts = [by_sentence_logits[..., :words], own.transpose(1, 2), by_sentence_logits[..., words:]]
         return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
+
+    def rows_product(self, features, weight, bias, incremental_state):
+        """``features`` times gathered rows of W_o (``weight``, ``bias``: the batch's
+        candidates, or the columns shared by every sentence), as a linear layer."""
+        return F.linear(features, weight, bias)
 
     def every_word(self, features, incremental_state, reuse_logits):
         """The logits of the whole vocabulary (see :meth:`forward` for ``reuse_logits``)."""
