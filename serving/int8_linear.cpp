@@ -10,12 +10,16 @@
 // memory, are turned into y there in one pass. torch's addcmul is bias + y * scale in one
 // rounding (its build contracts it to a fused multiply-add): so is this, explicitly, as the
 // kernel is compiled with -ffp-contract=off.
+//
+// Also int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's own,
+// in int8, times that sentence's hypotheses (below).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -71,7 +75,68 @@ void dequantize_rows(float* y, int64_t rows, int64_t o, const float* r, const fl
   });
 }
 
+// Hypotheses [first, first + G) of sentence rows y (... x W) from one int8 row of weights.
+template <int G>
+void dot_products(const int8_t* q, const float* x, int64_t n, float scale, float bias, float* y, int64_t W) {
+  Vec sums[G];
+  for (int g = 0; g < G; ++g) sums[g] = Vec(0.0f);
+  for (int64_t j = 0; j < n; j += Vec::size()) {
+    const int64_t count = std::min<int64_t>(Vec::size(), n - j);  // a partial load fills zeros
+    const Vec w = at::vec::convert<float>(at::vec::Vectorized<int8_t>::loadu(q + j, count));
+    for (int g = 0; g < G; ++g) sums[g] = at::vec::fmadd(w, Vec::loadu(x + g * n + j, count), sums[g]);
+  }
+  for (int g = 0; g < G; ++g) {
+    const float sum = at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, sums[g]);
+    y[g * W] = bias + scale * sum;
+  }
+}
+
 }  // namespace
+
+// Each sentence's own int8 rows of weights times its hypotheses: q (S x W x n, int8, one
+// `scale` and `bias` a row: S x W, float32) and h (S x B x n, float32), all contiguous, give
+// y (S x B x W) with y[s][b][w] = bias[s][w] + scale[s][w] * (q[s][w] . h[s][b]). The weights
+// are converted to float32 as they are read, so a row is read from memory once, in int8, for
+// all B hypotheses of its sentence; the sums are float32's (within its rounding of torch's
+// baddbmm of the same numbers, not bit for bit).
+at::Tensor int8_rows_by_sentence(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias,
+                                 const at::Tensor& h) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kChar && q.is_contiguous() && q.device().is_cpu(),
+              "int8_rows_by_sentence: q must be a contiguous S x W x n int8 CPU tensor");
+  const int64_t S = q.size(0), W = q.size(1), n = q.size(2);
+  TORCH_CHECK(h.dim() == 3 && h.scalar_type() == at::kFloat && h.is_contiguous() && h.size(0) == S &&
+                  h.size(2) == n,
+              "int8_rows_by_sentence: h must be a contiguous S x B x n float32 tensor");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == S * W &&
+                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == S * W,
+              "int8_rows_by_sentence: scale and bias must be float32, S x W");
+  const int64_t B = h.size(1);
+  auto y = at::empty({S, B, W}, h.options());
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float *sp = scale.data_ptr<float>(), *bp = bias.data_ptr<float>(), *hp = h.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t kGroup = 8;  // hypotheses multiplied together: each has a vector of sums
+  at::parallel_for(0, S * W, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t s = i / W, w = i % W;
+      for (int64_t b = 0; b < B; b += kGroup) {
+        const float* x = hp + (s * B + b) * n;
+        float* out = yp + (s * B + b) * W + w;
+        switch (std::min(kGroup, B - b)) {
+          case 1: dot_products<1>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 2: dot_products<2>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 3: dot_products<3>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 4: dot_products<4>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 5: dot_products<5>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 6: dot_products<6>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          case 7: dot_products<7>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+          default: dot_products<8>(qp + i * n, x, n, sp[i], bp[i], out, W); break;
+        }
+      }
+    }
+  });
+  return y;
+}
 
 // x (rows x n, float32, contiguous) times weight_t (n x o, int8, contiguous; per output
 // channel `scale`) plus `bias`, into `out` (rows x o, float32, contiguous), which is returned.
@@ -100,4 +165,5 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place");
+  m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses");
 }

@@ -11,6 +11,13 @@ output in place; the same numbers, bit for bit. It is compiled on first use
 (:mod:`.kernels`) and used after it has matched the torch operations; where it cannot be
 had, they do the work.
 
+With vocabulary selection, each sentence's own candidate words' rows of W_o are multiplied by
+that sentence's hypotheses alone, a product per sentence that ``torch._int_mm`` does not
+batch: :func:`int8_rows_by_sentence` (the same C++ file) reads those rows in int8 and converts
+them as it reads them, for all of a sentence's hypotheses at once (at the benchmark's shape,
+128 sentences x 230 words x 256, beam 5, 2 threads, AMD EPYC with VNNI: 0.52 ms against
+float32 ``torch.baddbmm``'s 1.55 ms, which reads four times the bytes).
+
 ``torch.ops.convs2s.int8_linear`` is the same product as an operation of torch's, which
 ``torch.export`` records once per layer (``convs2s-export --quantize int8``) and an exported
 program calls: importing this module registers it.
@@ -43,6 +50,23 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
 
 
+@torch.no_grad()
+def int8_rows_by_sentence(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Each sentence's own int8 rows of weights ``q`` (S x W x in; per row ``scale`` and
+    ``bias``, S x W) times its hypotheses ``h`` (S x B x in, float32): S x B x W, the
+    weights converted as they are read (W_o's rows of each sentence's own candidate words with
+    vocabulary selection: a product per sentence, which ``torch._int_mm`` does not batch)."""
+    kernel = KERNEL.load() if h.device.type == "cpu" and h.dtype == torch.float32 else None
+    if kernel is None:
+        return int8_rows_by_sentence_torch(q, scale, bias, h)
+    return kernel.int8_rows_by_sentence(q.contiguous(), scale.contiguous(), bias.contiguous(), h.contiguous())
+
+
+def int8_rows_by_sentence_torch(q, scale, bias, h):
+    """:func:`int8_rows_by_sentence` with torch's operations (a float32 copy of the weights)."""
+    return torch.baddbmm(bias.unsqueeze(1), h, (q.to(h.dtype) * scale.unsqueeze(2)).transpose(1, 2))
+
+
 @torch.library.custom_op("convs2s::int8_linear", mutates_args=())
 def int8_linear_op(rows: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
                    bias: torch.Tensor) -> torch.Tensor:
@@ -66,8 +90,11 @@ def int8_linear_torch(rows, weight_t, scale, bias):
 
 
 def _mismatch(kernel) -> Optional[str]:
-    """The first shape (rows x in -> out) on which the kernel differs from the torch operations
-    by a bit, if any: widths around the vector size, an all-zero row, the decoder's shapes."""
+    """The first shape on which the kernel differs from the torch operations, if any: for
+    int8_linear (rows x in -> out) by a bit (widths around the vector size, an all-zero row,
+    the decoder's shapes); for int8_rows_by_sentence (S x W x in, B hypotheses) by more than
+    float32's rounding of sums in another order (every group size of hypotheses, widths around
+    the vector size, a selection's shape)."""
     generator = torch.Generator().manual_seed(0)
     for rows, width, out in [(1, 5, 3), (7, 23, 19), (64, 256, 512), (33, 768, 9792)]:
         x = torch.randn(rows, width, generator=generator) * 3
@@ -77,6 +104,15 @@ def _mismatch(kernel) -> Optional[str]:
         found = kernel.int8_linear(x, weight_t, scale, bias, torch.empty(rows, out))
         if not torch.equal(found, int8_linear_torch(x, weight_t, scale, bias)):
             return f"{rows} x {width} -> {out}"
+    for sentences, words, width, beam in [(2, 3, 5, 1), (3, 7, 23, 5), (2, 5, 40, 13), (16, 230, 256, 5)]:
+        q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)
+        scale, bias = torch.rand(sentences, words, generator=generator) / 100, torch.randn(sentences, words, generator=generator)
+        h = torch.randn(sentences, beam, width, generator=generator)
+        found = kernel.int8_rows_by_sentence(q, scale, bias, h)
+        expected = int8_rows_by_sentence_torch(q, scale, bias, h)
+        bound = 1e-6 * (torch.bmm(h.abs(), (q.abs().float() * scale.unsqueeze(2)).transpose(1, 2)) + 1) * width
+        if found.shape != expected.shape or not ((found - expected).abs() <= bound).all():
+            return f"{sentences} sentences x {words} rows x {width}, {beam} hypotheses"
     return None
 
 

@@ -1,5 +1,6 @@
 """The int8 linear layer's kernel: the same numbers, bit for bit, as its torch operations,
-and those operations, with a warning, where the kernel cannot be had."""
+and those operations, with a warning, where the kernel cannot be had; its product of each
+sentence's int8 rows by its hypotheses within float32's rounding of torch's."""
 import os
 import shutil
 import subprocess
@@ -46,6 +47,39 @@ def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads):
         torch.set_num_threads(previous)
     expected = int8_linear.int8_linear_torch(x, weight_t, scale, bias)
     assert torch.equal(got, expected)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("sentences, words, width, beam", [
+    (1, 1, 3, 1),  # narrower than a vector
+    (3, 7, 37, 5),  # a tail after the vectors
+    (4, 9, 64, 12),  # a group of 8 hypotheses, then 4
+    (128, 230, 256, 5),  # the benchmark's selection
+])
+def test_each_sentences_int8_rows_times_its_hypotheses_within_float32_rounding(sentences, words, width, beam,
+                                                                               threads):
+    """Vocabulary selection's own words in int8: each sentence's rows by its hypotheses alone,
+    -inf where a sentence has no word (padding's bias), the sums within float32's rounding."""
+    generator = torch.Generator().manual_seed(words)
+    q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)
+    scale, bias = torch.rand(sentences, words, generator=generator) / 50, torch.randn(sentences, words, generator=generator)
+    bias[0, -1] = float("-inf")
+    h = torch.randn(sentences, beam, width, generator=generator) * 4
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = int8_linear.KERNEL.load().int8_rows_by_sentence(q, scale, bias, h)
+    finally:
+        torch.set_num_threads(previous)
+    expected = int8_linear.int8_rows_by_sentence_torch(q, scale, bias, h)
+    assert got.shape == (sentences, beam, words)
+    assert got[0, :, -1].eq(float("-inf")).all()
+    magnitude = torch.bmm(h.abs(), (q.abs().float() * scale.unsqueeze(2)).transpose(1, 2)) + bias.abs().unsqueeze(1)
+    finite = expected.isfinite()
+    assert ((got - expected).abs()[finite] <= 1e-6 * width * magnitude[finite]).all()
+    assert torch.equal(int8_linear.int8_rows_by_sentence(q, scale, bias, h.transpose(0, 1).contiguous().transpose(0, 1)),
+                       int8_linear.int8_rows_by_sentence(q, scale, bias, h))  # a strided input: a copy
 
 
 @needs_kernel

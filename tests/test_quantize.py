@@ -162,11 +162,18 @@ def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_f
     assert (got - expected).norm() / expected.norm() < 0.03
 
 
+def int8_rows(projection, words):
+    """W_o's rows of ``words`` as their int8 values times their scales."""
+    q, scale = quantize_weight(projection.weight.detach()[words])
+    return q.float() * scale[:, None]
+
+
 def test_int8_output_projection_reuses_its_logits_and_scores_candidates_as_every_word():
     """W_o over the whole vocabulary writes each step's logits into one tensor (the lean step's
     ``reuse_logits``), in int8; over candidate words (vocabulary selection: the batch's, or
     the columns every sentence shares) each candidate's logit is, bit for bit, its int8 logit
-    over the whole vocabulary, the rows quantized once for a search's steps."""
+    over the whole vocabulary, the rows quantized once for a search's steps; each sentence's
+    own words' rows are quantized alike and multiplied by its hypotheses in float32."""
     model, d = prepared_model()
     projection = model.decoder.output_projection
     features = torch.randn(10, 1, projection.in_features)
@@ -186,10 +193,10 @@ def test_int8_output_projection_reuses_its_logits_and_scores_candidates_as_every
     for step in range(2):
         got = projection(features, per_sentence, incremental_state=search).detach()
         assert torch.equal(got[:, :, :5], every_word[..., candidates[:5]])  # the shared columns (specials, 11), int8
-        own = F.linear(features[:5], projection.weight[[25, 40]], projection.bias[[25, 40]]).detach()
-        torch.testing.assert_close(got[:5, :, 5:], own, rtol=1e-6, atol=1e-6)  # own words, float32
-    own = F.linear(features[5:], projection.weight[30], projection.bias[30]).detach()
-    torch.testing.assert_close(got[5:, :, 5], own, rtol=1e-6, atol=1e-6)
+        own = F.linear(features[:5], int8_rows(projection, [25, 40]), projection.bias[[25, 40]]).detach()
+        torch.testing.assert_close(got[:5, :, 5:], own, rtol=1e-5, atol=1e-5)  # own words' int8 rows
+    own = F.linear(features[5:], int8_rows(projection, [30]), projection.bias[[30]]).detach()
+    torch.testing.assert_close(got[5:, :, 5:6], own, rtol=1e-5, atol=1e-5)
     assert got[5:, :, 6].eq(float("-inf")).all()
 
 

@@ -60,13 +60,15 @@ whole translation, ours float32 against int8 and against CTranslate2, on an idle
 **What reads the weights directly.** Every quantized layer keeps its float32 ``weight`` and
 ``bias`` (the same parameters, not copies) beside the int8 ones, and only its ``forward``
 multiplies in int8. The code that reads a layer's weight instead of calling it stays
-float32: the attention's projections of the source (once per sentence in a beam search),
-and with vocabulary selection each sentence's own candidates' rows of W_o (a product per
-sentence). The candidates' rows that every hypothesis is scored against (the batch's, or
-those every sentence shares: the most common words, the rest's clusters) are quantized once
-a batch and multiplied in int8: on the benchmark's model with selection (2 threads, AMD EPYC
-with VNNI, alternating) 541.6 sentences a second against 495.3 at equal work, 418.0 against
-389.8 as trained. W_o tied to the input embeddings stays tied. The first convolution, which float32 generation looks up
+float32: the attention's projections of the source (once per sentence in a beam search).
+With vocabulary selection W_o's rows are int8 too: those every hypothesis is scored against
+(the batch's candidates, or those every sentence shares: the most common words, the rest's
+clusters) quantized once a batch and multiplied by the int8 kernel, and each sentence's own
+words' int8 rows multiplied by its hypotheses as they are read. On the benchmark's model with
+selection (2 threads, AMD EPYC with VNNI, alternating in one process) the shared rows in int8
+took 495.3 sentences a second to 541.6 at equal work and 389.8 to 418.0 as trained; the own
+rows in int8 then 538.6-584.8 to 586.9-602.9 and 422.0-430.5 to 445.7-458.8 (two runs).
+W_o tied to the input embeddings stays tied. The first convolution, which float32 generation looks up
 per word seen (``ConvS2SDecoder.first_convolution_looked_up``), is multiplied in int8 at
 every step like the others: the lookup (a gather of k rows a hypothesis and their sum) took
 longer than the int8 product; without it int8 translated 431 sentences a second against
@@ -83,7 +85,7 @@ import logging
 
 import torch
 import torch.nn as nn
-from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear
+from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear, int8_rows_by_sentence
 from torch.nn.utils import parametrize
 
 from ..models.convs2s_decoder import ConvS2SDecoder
@@ -138,8 +140,23 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
     selection), the rows scored for every hypothesis (the batch's candidates, or the columns
     every sentence shares) in int8 too, quantized once a batch: a word's logit is the one it
     has over the whole vocabulary, bit for bit (its row has the same scale and int8 values,
-    its int32 sum is exact). Each sentence's own words stay float32 (a product per sentence,
-    which ``torch._int_mm`` does not batch)."""
+    its int32 sum is exact). Each sentence's own words' rows are gathered from W_o's int8 rows
+    and multiplied by its hypotheses, converted to float32 as they are read
+    (:func:`int8_rows_by_sentence`: a product per sentence, which ``torch._int_mm`` does not
+    batch). The int8 rows (``weight_t`` transposed) are made at the first selection, and are
+    not a buffer: an exported model, which has no selection, holds no copy of them."""
+
+    def quantize_(self):
+        super().quantize_()
+        self.weight_rows = None  # made again from the new weight_t when first needed
+
+    def own_rows(self, words):
+        if self.weight_rows is None:
+            self.weight_rows = self.weight_t.t().contiguous()
+        return self.weight_rows.index_select(0, words), self.weight_scale.index_select(0, words)
+
+    def own_product(self, rows, by_sentence):
+        return int8_rows_by_sentence(rows.own_weight, rows.own_scale, rows.own_bias, by_sentence)
 
     def rows_product(self, features, weight, bias, incremental_state):
         quantized = self.get_incremental_state(incremental_state, "int8_rows") if incremental_state is not None else None

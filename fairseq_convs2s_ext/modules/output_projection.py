@@ -47,12 +47,15 @@ class SentenceRows:
     own_bias: torch.Tensor  # S x own words, -inf where there is no word
     rest: Optional[torch.Tensor]  # S x clusters: log of how many of each cluster's words a sentence lacks
     beam: int
+    own_scale: Optional[torch.Tensor] = None  # S x own words: own_weight's row scales where it is int8
 
     def keep_(self, sentences: torch.Tensor):
         """Only the ``sentences`` still searched: their own rows move down over those of the
         finished ones, in place, so that no second copy of them is made."""
         self.own_weight = keep_rows_(self.own_weight, sentences)
         self.own_bias = keep_rows_(self.own_bias, sentences)
+        if self.own_scale is not None:
+            self.own_scale = keep_rows_(self.own_scale, sentences)
         if self.absent is not None:
             self.absent = self.absent.index_select(0, sentences)
         if self.rest is not None:
@@ -116,12 +119,16 @@ class OutputProjection(nn.Linear):
             by_sentence_logits[..., words:].add_(rows.rest.unsqueeze(1))
         if rows.own_weight.size(1) == 0:
             return logits
-        by_sentence = features.reshape(sentences, -1, channels)
+        own = self.own_product(rows, features.reshape(sentences, -1, channels))
+        parts = [by_sentence_logits[..., :words], own, by_sentence_logits[..., words:]]
+        return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
+
+    def own_product(self, rows: "SentenceRows", by_sentence: torch.Tensor) -> torch.Tensor:
+        """The logits of each sentence's own words: sentences x hypotheses x own words, from
+        ``by_sentence`` (sentences x hypotheses x channels)."""
         # each sentence's rows times its few hypotheses (words x hypotheses), faster than the
         # hypotheses times the rows' transpose (bench/README.md as of 86165d7~, "What each lever bought")
-        own = torch.baddbmm(rows.own_bias.unsqueeze(2), rows.own_weight, by_sentence.transpose(1, 2))
-        parts = [by_sentence_logits[..., :words], own.transpose(1, 2), by_sentence_logits[..., words:]]
-        return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
+        return torch.baddbmm(rows.own_bias.unsqueeze(2), rows.own_weight, by_sentence.transpose(1, 2)).transpose(1, 2)
 
     def rows_product(self, features, weight, bias, incremental_state):
         """``features`` times gathered rows of W_o (``weight``, ``bias``: the batch's
@@ -167,14 +174,21 @@ class OutputProjection(nn.Linear):
             absent = torch.zeros_like(missing, dtype=shared_bias.dtype).masked_fill_(missing, float("-inf"))
         own = candidates[:, width:]
         words = own.clamp(min=0).reshape(-1)  # index_select copies whole rows: faster than indexing
-        own_weight = self.weight.index_select(0, words).view(*own.shape, self.in_features)
+        own_weight, own_scale = self.own_rows(words)
+        own_weight = own_weight.view(*own.shape, own_weight.size(-1))
+        own_scale = None if own_scale is None else own_scale.view_as(own)
         own_bias = self.bias.index_select(0, words).view_as(own).masked_fill(own < 0, float("-inf"))
         rest = None
         if self.rest_clusters is not None:  # its rows after the words', in the same product
             rest_weight, rest_bias, rest = self.rest_rows(candidates)
             shared_weight, shared_bias = torch.cat([shared_weight, rest_weight]), torch.cat([shared_bias, rest_bias])
         return SentenceRows(shared_weight, shared_bias, width, absent, own_weight, own_bias, rest,
-                            beam=hypotheses // len(candidates))
+                            beam=hypotheses // len(candidates), own_scale=own_scale)
+
+    def own_rows(self, words: torch.Tensor):
+        """W_o's rows of ``words`` (a sentence's own candidates, for :meth:`own_product`) and
+        their scales where the rows are not the weights themselves (None here)."""
+        return self.weight.index_select(0, words), None
 
     def reorder_incremental_state(self, incremental_state, new_order):
         """Keep the gathered rows of the sentences still searched (:meth:`SentenceRows.keep_`);
