@@ -81,8 +81,10 @@ void dot_products(const int8_t* q, const float* x, int64_t n, float scale, float
   Vec sums[G];
   for (int g = 0; g < G; ++g) sums[g] = Vec(0.0f);
   for (int64_t j = 0; j < n; j += Vec::size()) {
-    const int64_t count = std::min<int64_t>(Vec::size(), n - j);  // a partial load fills zeros
-    const Vec w = at::vec::convert<float>(at::vec::Vectorized<int8_t>::loadu(q + j, count));
+    // one load of Vec::size() bytes, sign-extended (a tail: a partial load, whose padding
+    // meets the zeros of x's partial load)
+    const int count = static_cast<int>(std::min<int64_t>(Vec::size(), n - j));
+    const Vec w = at::vec::convert<float>(at::vec::convert_to_int32<int8_t>(q + j, count));
     for (int g = 0; g < G; ++g) sums[g] = at::vec::fmadd(w, Vec::loadu(x + g * n + j, count), sums[g]);
   }
   for (int g = 0; g < G; ++g) {
