@@ -67,8 +67,10 @@ clusters) quantized once a batch and multiplied by the int8 kernel, and each sen
 words' int8 rows multiplied by its hypotheses as they are read. On the benchmark's model with
 selection (2 threads, AMD EPYC with VNNI, alternating in one process) the shared rows in int8
 took 495.3 sentences a second to 541.6 at equal work and 389.8 to 418.0 as trained; the own
-rows in int8 then 538.6-584.8 to 586.9-602.9 and 422.0-430.5 to 445.7-458.8 (two runs).
-W_o tied to the input embeddings stays tied. The first convolution, which float32 generation looks up
+rows in int8 then 514.9-584.8 to 573.9-602.9 and 390.9-430.5 to 415.3-458.8 (three runs).
+With every library held to AVX2 on the same host: the shared rows 397.3 to 424.1 and 288.8
+to 314.4, the own rows 374.5 to 416.5 and 284.5 to 292.9. W_o tied to the input embeddings
+stays tied. The first convolution, which float32 generation looks up
 per word seen (``ConvS2SDecoder.first_convolution_looked_up``), is multiplied in int8 at
 every step like the others: the lookup (a gather of k rows a hypothesis and their sum) took
 longer than the int8 product; without it int8 translated 431 sentences a second against
