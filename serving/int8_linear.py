@@ -107,7 +107,8 @@ def _mismatch(kernel) -> Optional[str]:
             return f"{rows} x {width} -> {out}"
     for sentences, words, width, beam in [(2, 3, 5, 1), (3, 7, 23, 5), (2, 5, 40, 13), (16, 230, 256, 5)]:
         q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)
-        scale, bias = torch.rand(sentences, words, generator=generator) / 100, torch.randn(sentences, words, generator=generator)
+        scale = torch.rand(sentences, words, generator=generator) / 100
+        bias = torch.randn(sentences, words, generator=generator)
         h = torch.randn(sentences, beam, width, generator=generator)
         found = kernel.int8_rows_by_sentence(q, scale, bias, h)
         expected = int8_rows_by_sentence_torch(q, scale, bias, h)

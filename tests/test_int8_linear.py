@@ -63,7 +63,8 @@ def test_each_sentences_int8_rows_times_its_hypotheses_within_float32_rounding(s
     -inf where a sentence has no word (padding's bias), the sums within float32's rounding."""
     generator = torch.Generator().manual_seed(words)
     q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)
-    scale, bias = torch.rand(sentences, words, generator=generator) / 50, torch.randn(sentences, words, generator=generator)
+    scale = torch.rand(sentences, words, generator=generator) / 50
+    bias = torch.randn(sentences, words, generator=generator)
     bias[0, -1] = float("-inf")
     h = torch.randn(sentences, beam, width, generator=generator) * 4
     previous = torch.get_num_threads()
@@ -78,8 +79,9 @@ def test_each_sentences_int8_rows_times_its_hypotheses_within_float32_rounding(s
     magnitude = torch.bmm(h.abs(), (q.abs().float() * scale.unsqueeze(2)).transpose(1, 2)) + bias.abs().unsqueeze(1)
     finite = expected.isfinite()
     assert ((got - expected).abs()[finite] <= 1e-6 * width * magnitude[finite]).all()
-    assert torch.equal(int8_linear.int8_rows_by_sentence(q, scale, bias, h.transpose(0, 1).contiguous().transpose(0, 1)),
-                       int8_linear.int8_rows_by_sentence(q, scale, bias, h))  # a strided input: a copy
+    strided = h.transpose(0, 1).contiguous().transpose(0, 1)  # not contiguous: the function takes a copy
+    assert torch.equal(int8_linear.int8_rows_by_sentence(q, scale, bias, strided),
+                       int8_linear.int8_rows_by_sentence(q, scale, bias, h))
 
 
 @needs_kernel

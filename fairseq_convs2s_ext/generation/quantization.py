@@ -161,7 +161,9 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
         return int8_rows_by_sentence(rows.own_weight, rows.own_scale, rows.own_bias, by_sentence)
 
     def rows_product(self, features, weight, bias, incremental_state):
-        quantized = self.get_incremental_state(incremental_state, "int8_rows") if incremental_state is not None else None
+        quantized = None
+        if incremental_state is not None:
+            quantized = self.get_incremental_state(incremental_state, "int8_rows")
         if quantized is None:
             q, scale = quantize_weight(weight)
             quantized = q.t().contiguous(), scale
