@@ -23,6 +23,7 @@ beam search with selection translated 416.5 sentences a second against 374.5 at 
 ``torch.export`` records once per layer (``convs2s-export --quantize int8``) and an exported
 program calls: importing this module registers it.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -30,6 +31,31 @@ import torch
 from .kernels import Kernel
 
 TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row or channel
+
+
+@functools.lru_cache(maxsize=None)
+def weight_levels() -> Optional[int]:
+    """The largest |q| of int8 weights q whose products with int8 activations (|p| <= 127)
+    ``torch._int_mm`` sums exactly on this CPU: 127 where oneDNN multiplies int8 in one
+    instruction (AVX512-VNNI, AVX-VNNI, AMX); 63 where it does not, as on an AVX2 CPU, where it
+    shifts the activations to unsigned bytes (p + 128, up to 255) and adds each pair of
+    products into a saturating int16 (255 x 127 x 2 overflows it; 255 x 63 x 2 does not); None
+    where neither is exact. Measured, not assumed from the CPU's flags (``ONEDNN_MAX_CPU_ISA``
+    can hold oneDNN below them): products of the extreme values, at the decoder's shape and at
+    a small one, against their exact sums. Weights quantized to these levels
+    (``quantize_weight``) give exact int32 sums, bit for bit the same on every CPU for the
+    same levels; on an AVX2 CPU with 127 levels two thirds of the sums had been wrong."""
+    generator = torch.Generator().manual_seed(0)
+    for levels in (127, 63):
+        for rows, width, out in [(640, 256, 512), (3, 40, 7)]:
+            p = torch.randint(-127, 128, (rows, width), generator=generator, dtype=torch.int8)
+            q = torch.randint(-levels, levels + 1, (width, out), generator=generator, dtype=torch.int8)
+            p[0], q[:, 0] = 127, levels  # the largest pairs of products
+            if not torch.equal(torch._int_mm(p, q), (p.long() @ q.long()).to(torch.int32)):
+                break
+        else:
+            return levels
+    return None
 
 
 @torch.no_grad()  # for generation: rounding has no gradient

@@ -2,6 +2,7 @@
 beam-searched with torch alone finds the plugin's hypotheses (fairseq-generate's, with the
 plugin's task), with their scores."""
 import os
+import re
 import subprocess
 import sys
 
@@ -127,6 +128,21 @@ def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kern
         outputs.append(out.read_text(encoding="utf-8"))
     assert "int8_linear kernel is not used" in done.stderr
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 20
+
+    # Served where oneDNN multiplies int8 without VNNI (as on an AVX2 CPU), whose int8 sums are
+    # exact only for 7-bit weights: an export quantized to 8 bits (on a CPU with VNNI) is refused
+    # in one line; one quantized to 7 bits (exported on such a CPU) serves as it does here.
+    levels = json.loads((folder / "model.json").read_text())["int8_weight_levels"]
+    out = tmp_path / "avx2.de"
+    done = subprocess.run([sys.executable, "-c", blocked, str(folder), "-i", str(source), "-o", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    if levels > 63:
+        assert done.returncode != 0 and not out.exists() and "Traceback" not in done.stderr
+        assert re.search(r"model\.json: its int8 weights reach 127, and this CPU's int8 product sums them exactly "
+                         r"only up to 63 \(no VNNI\): export it again on a CPU like this one", done.stderr), done.stderr
+    else:
+        assert done.returncode == 0 and out.read_text(encoding="utf-8") == outputs[0], done.stderr
 
 
 def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from convs2s_serving.int8_linear import weight_levels
 
 from cli_helpers import hypotheses, run
 from fairseq_convs2s_ext import ConvS2SModel
@@ -19,6 +20,9 @@ from model_helpers import build, random_tokens, with_random_biases
 from tiny_runs import USER_DIR, prepare, train
 
 TEST_SENTENCES = 20  # tiny_runs.SPLITS' test lines
+# The weights' step, and so the int8 error, is twice as large with 7-bit weights (a CPU without
+# VNNI, where 8-bit ones would overflow oneDNN's int16 pair sums: weight_levels)
+COARSER = 127 / weight_levels()
 
 
 def operands(rows=37, columns=96, outputs=50, seed=0):
@@ -51,7 +55,7 @@ def test_int8_layer_is_within_the_bound_of_its_per_row_and_per_channel_scales():
     assert ((got - expected).abs() <= bound + slack).all()
     relative = (got - expected).abs() / (x.abs() @ linear.weight.detach().abs().t())
     assert relative[3].max() < 0.02 and relative[:, 7].max() < 0.02  # the small row and the small channel
-    assert ((got - expected).norm() / expected.norm()) < 0.01
+    assert ((got - expected).norm() / expected.norm()) < 0.01 * COARSER
 
 
 def test_int8_products_are_exact_integer_sums_converted_in_place():
@@ -70,6 +74,40 @@ def test_int8_products_are_exact_integer_sums_converted_in_place():
     torch.testing.assert_close(int8_linear(x[None], q.t().contiguous(), s, linear.bias.detach())[0], got)
     assert torch.equal(torch._int_mm(p.to(torch.int8), q.t().contiguous()),
                        (p.long() @ q.long().t()).to(torch.int32))
+
+
+AVX2_EXACTNESS = """
+import torch
+from convs2s_serving.int8_linear import weight_levels
+from fairseq_convs2s_ext.generation.quantization import int8_linear, quantize_weight
+generator = torch.Generator().manual_seed(0)
+x, weight = torch.randn(640, 256, generator=generator), torch.randn(512, 256, generator=generator)
+weight[:, :8] *= 20  # outlying weights, as trained layers have: many of a channel's int8 values near its largest
+q, s = quantize_weight(weight)
+r = x.abs().amax(1, keepdim=True) / 127
+p = torch.round(x / r)
+exact = (p.double() @ q.double().t()) * r.double() * s.double()
+got = int8_linear(x, q.t().contiguous(), s, torch.zeros(512))
+print(weight_levels(), float((got.double() - exact).abs().max()))
+"""
+
+
+def test_int8_sums_are_exact_where_onednn_multiplies_without_vnni():
+    """With oneDNN held to AVX2 (no VNNI: as on an AVX2 CPU), torch._int_mm adds pairs of
+    products into a saturating int16, so 8-bit weights gave wrong sums (two thirds of them at
+    random operands, and translations changed); the weights are then quantized to 7 bits, and
+    the int8 layer's output is the exact product of its int8 operands again."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    proc = subprocess.run([sys.executable, "-c", AVX2_EXACTNESS], env=env, text=True, capture_output=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    levels, error = proc.stdout.split()
+    assert levels == "63"
+    assert float(error) < 1e-3, error  # float32 rounding of exact int32 sums; a saturated pair is off by >= 1
 
 
 def prepared_model(**overrides):
@@ -116,7 +154,7 @@ def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection
             expected = decode_incrementally(model, src, prev)
             quantize_([model], "int8")
             got = decode_incrementally(model, src, prev)
-        assert (got - expected).norm() / expected.norm() < 0.03, overrides
+        assert (got - expected).norm() / expected.norm() < 0.03 * COARSER, overrides
         assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9, overrides
         if overrides:
             assert model.decoder.output_projection.weight is model.decoder.embed.tokens.weight
@@ -139,7 +177,7 @@ def test_int8_multiplies_the_first_convolution_at_every_step_instead_of_looking_
         got = decode_incrementally(model, src, prev)
     assert isinstance(model.decoder.convolutions[0].linear, Int8Linear)
     assert rows == [6] * prev.size(1)  # every hypothesis at every step: no lookup
-    assert (got - looked_up).norm() / looked_up.norm() < 0.03
+    assert (got - looked_up).norm() / looked_up.norm() < 0.03 * COARSER
 
 
 def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_fc2_fold():
@@ -159,7 +197,7 @@ def test_quantized_before_generation_folds_weight_norm_and_requantizes_a_later_f
         projection = model.decoder.output_projection
         assert projection.weight_t.shape == (projection.in_features, len(d)) == (32, len(d))
         got = decode_incrementally(model, src, prev)
-    assert (got - expected).norm() / expected.norm() < 0.03
+    assert (got - expected).norm() / expected.norm() < 0.03 * COARSER
 
 
 def int8_rows(projection, words):

@@ -169,6 +169,9 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         "source_symbols": list(src_dict.symbols), "target_symbols": list(tgt_dict.symbols),
         "quantize": "int8" if any(isinstance(m, Int8Weights) for m in model.modules()) else "none",
     }
+    int8 = [m.weight_t for m in model.modules() if isinstance(m, Int8Weights)]
+    if int8:  # 127, or 63 if quantized on a CPU without VNNI: a CPU serving it must sum these exactly
+        config["int8_weight_levels"] = max(int(q.abs().max()) for q in int8)
     with atomic_outputs([os.fspath(directory)]) as (temp,):
         os.makedirs(temp)
         for name, program in (("encoder.pt2", encoder), ("step.pt2", step)):

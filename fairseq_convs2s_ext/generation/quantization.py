@@ -7,7 +7,10 @@ words, with fc2 folded in), then the small products of fc1, the linearized convo
 outside a beam search's projected sources, the attention's projections. Each of the
 decoder's linear layers, and of the encoder's, is replaced here by an int8 one:
 
-- weights per output channel i, symmetric: w_ij ~ s_i q_ij with s_i = max_j |w_ij| / 127;
+- weights per output channel i, symmetric: w_ij ~ s_i q_ij with s_i = max_j |w_ij| / L, where
+  L is 127 on a CPU with VNNI (or AMX) and 63 on one without, such as an AVX2 CPU: there
+  oneDNN's int8 product adds pairs of products into a saturating int16, which 7-bit weights
+  cannot overflow (:func:`convs2s_serving.int8_linear.weight_levels` measures which);
 - activations per row m, when they are multiplied (dynamic): x_mj ~ r_m p_mj with
   r_m = max_j |x_mj| / 127;
 - y_mi = r_m s_i sum_j p_mj q_ij + b_i, the sum exact in int32.
@@ -87,7 +90,7 @@ import logging
 
 import torch
 import torch.nn as nn
-from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear, int8_rows_by_sentence
+from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear, int8_rows_by_sentence, weight_levels
 from torch.nn.utils import parametrize
 
 from ..models.convs2s_decoder import ConvS2SDecoder
@@ -110,8 +113,13 @@ def check_mode(mode: str) -> str:
 
 def quantize_weight(weight: torch.Tensor):
     """(q, s): int8 q (out x in) and float32 s (out) with weight ~ s[:, None] * q, one scale
-    per output channel."""
-    scale = weight.abs().amax(dim=1).div_(127).clamp_(min=TINY)
+    per output channel, q within the levels whose products this CPU sums exactly
+    (:func:`convs2s_serving.int8_linear.weight_levels`: 127, or 63 without VNNI)."""
+    levels = weight_levels()
+    if levels is None:
+        raise QuantizeOptionError("--quantize int8: torch's int8 matrix product (torch._int_mm) does not sum "
+                                  "exactly on this CPU, not even with 7-bit weights; run without --quantize int8")
+    scale = weight.abs().amax(dim=1).div_(levels).clamp_(min=TINY)
     return torch.round(weight / scale[:, None]).to(torch.int8), scale
 
 
