@@ -58,7 +58,7 @@ translated 164-165 sentences per CPU-second against float32's 87-95 (1.73-1.90x)
 These figures were taken on a busy machine, and on one CPU: int8 is an option, not a
 choice made for the user, and ``python -m bench.serving`` (bench/README.md) measures the
 whole translation, ours float32 against int8 and against CTranslate2, on an idle machine
-(a host without AVX512-VNNI, such as an AVX2 one, is not measured here).
+(docs/performance.md: hosts with VNNI, and the same hosts held to AVX2 instructions).
 
 **What reads the weights directly.** Every quantized layer keeps its float32 ``weight`` and
 ``bias`` (the same parameters, not copies) beside the int8 ones, and only its ``forward``
