@@ -94,8 +94,8 @@ print(weight_levels(), float((got.double() - exact).abs().max()))
 
 def test_int8_sums_are_exact_where_onednn_multiplies_without_vnni():
     """With oneDNN held to AVX2 (no VNNI: as on an AVX2 CPU), torch._int_mm adds pairs of
-    products into a saturating int16, so 8-bit weights gave wrong sums (two thirds of them at
-    random operands, and translations changed); the weights are then quantized to 7 bits, and
+    products into a saturating int16, so 8-bit weights gave wrong sums (99% of them at random
+    operands, and translations changed); the weights are then quantized to 7 bits, and
     the int8 layer's output is the exact product of its int8 operands again."""
     import os
     import subprocess
