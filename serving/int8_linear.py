@@ -37,9 +37,10 @@ TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row or channe
 def weight_levels() -> Optional[int]:
     """The largest |q| of int8 weights q whose products with int8 activations (|p| <= 127)
     ``torch._int_mm`` sums exactly on this CPU: 127 where oneDNN multiplies int8 in one
-    instruction (AVX512-VNNI, AVX-VNNI, AMX); 63 where it does not, as on an AVX2 CPU, where it
-    shifts the activations to unsigned bytes (p + 128, up to 255) and adds each pair of
-    products into a saturating int16 (255 x 127 x 2 overflows it; 255 x 63 x 2 does not); None
+    instruction (VNNI: measured on AMD EPYC and Intel Xeon CPUs with AVX512-VNNI); 63 where it
+    does not (oneDNN held to AVX2, as on an AVX2 CPU), where it shifts the activations to
+    unsigned bytes (p + 128, up to 255) and adds each pair of products into a saturating
+    int16 (255 x 127 x 2 overflows it; 255 x 63 x 2 does not); None
     where neither is exact. Measured, not assumed from the CPU's flags (``ONEDNN_MAX_CPU_ISA``
     can hold oneDNN below them): products of the extreme values, at the decoder's shape and at
     a small one, against their exact sums. Weights quantized to these levels

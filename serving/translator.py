@@ -46,6 +46,12 @@ class ExportedModel:
             found = config.get("format") if isinstance(config, dict) else None
             raise ValueError(f"{config_path}: format {found}, this runtime reads format {FORMAT}: "
                              "export the model again with this version's convs2s-export")
+        if config.get("quantize") == "int8":  # before any program is loaded
+            levels, exact = config.get("int8_weight_levels", 127), int8_linear.weight_levels()
+            if exact is None or levels > exact:
+                sums = f"sums them exactly only up to {exact} (no VNNI)" if exact else "does not sum them exactly"
+                raise ValueError(f"{config_path}: its int8 weights reach {levels}, and this CPU's int8 product {sums}: "
+                                 "export it again on a CPU like this one (convs2s-export --quantize int8), or in float32")
         self.config = config
         self.source_symbols, self.target_symbols = config["source_symbols"], config["target_symbols"]
         self.source_index = {word: i for i, word in enumerate(self.source_symbols)}
@@ -59,11 +65,6 @@ class ExportedModel:
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
-            levels, exact = config.get("int8_weight_levels", 127), int8_linear.weight_levels()
-            if exact is None or levels > exact:
-                sums = f"sums them exactly only up to {exact} (no VNNI)" if exact else "does not sum them exactly"
-                raise ValueError(f"{config_path}: its int8 weights reach {levels}, and this CPU's int8 product {sums}: "
-                                 "export it again on a CPU like this one (convs2s-export --quantize int8), or in float32")
 
     @property
     def bpe_codes(self) -> Optional[str]:

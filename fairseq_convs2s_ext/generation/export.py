@@ -159,6 +159,7 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
             dynamic_shapes=({0: sentences, 1: hypotheses}, None, [{0: sentences, 1: hypotheses}] * len(windows),
                             {0: sentences, 1: length}, [{0: sentences, 1: length}] * len(sources)),
         )
+    int8 = [m.weight_t for m in model.modules() if isinstance(m, Int8Weights)]
     config = {
         "format": FORMAT,
         "bos": tgt_dict.bos(), "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(),
@@ -167,9 +168,8 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         "max_source_positions": model.encoder.max_positions(),
         "source_lang": languages[0], "target_lang": languages[1], "romanian": romanian,
         "source_symbols": list(src_dict.symbols), "target_symbols": list(tgt_dict.symbols),
-        "quantize": "int8" if any(isinstance(m, Int8Weights) for m in model.modules()) else "none",
+        "quantize": "int8" if int8 else "none",
     }
-    int8 = [m.weight_t for m in model.modules() if isinstance(m, Int8Weights)]
     if int8:  # 127, or 63 if quantized on a CPU without VNNI: a CPU serving it must sum these exactly
         config["int8_weight_levels"] = max(int(q.abs().max()) for q in int8)
     with atomic_outputs([os.fspath(directory)]) as (temp,):
