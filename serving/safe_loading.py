@@ -37,7 +37,6 @@ ALLOWED_TARGETS = frozenset({
         "mul.Tensor", "mul_.Tensor", "ne.Scalar", "pad.default", "permute.default", "reshape.default",
         "rsqrt.default", "select.int", "slice.Tensor", "softmax.int", "sum.dim_IntList", "sym_size.int",
         "to.dtype", "transpose.int", "type_as.default", "unfold.default", "unsqueeze.default", "view.default",
-        # int8 (convs2s-export --quantize int8)
     )),
     "torch.ops.convs2s.int8_linear.default",  # int8 (convs2s-export --quantize int8): convs2s_serving.int8_linear
 })

@@ -156,7 +156,7 @@ def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_p
     quantize_([model])
     before = set(model.state_dict())
     export(model, tmp_path / "int8")
-    assert set(model.state_dict()) == before and not any("weight_t" in key for key in before)
+    assert set(model.state_dict()) == before and not any("weight_int8" in key for key in before)
 
 
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",

@@ -126,7 +126,7 @@ def int8_weights_stored(model):
 
     def registered(persistent):
         for module in int8:
-            module.register_buffer("weight_t", module.weight_t, persistent=persistent)
+            module.register_buffer("weight_int8", module.weight_int8, persistent=persistent)
             module.register_buffer("weight_scale", module.weight_scale, persistent=persistent)
 
     registered(True)
@@ -159,7 +159,7 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
             dynamic_shapes=({0: sentences, 1: hypotheses}, None, [{0: sentences, 1: hypotheses}] * len(windows),
                             {0: sentences, 1: length}, [{0: sentences, 1: length}] * len(sources)),
         )
-    int8 = [m.weight_t for m in model.modules() if isinstance(m, Int8Weights)]
+    int8 = [m.weight_int8 for m in model.modules() if isinstance(m, Int8Weights)]
     config = {
         "format": FORMAT,
         "bos": tgt_dict.bos(), "pad": tgt_dict.pad(), "eos": tgt_dict.eos(), "unk": tgt_dict.unk(),
