@@ -5,7 +5,7 @@
 // int8_linear_torch), each of which reads and writes a whole tensor:
 //   r = x.abs().amax(1, keepdim=True).div(127).clamp(min=TINY)
 //   p = torch.round(x / r).to(torch.int8)
-//   y = torch.addcmul(bias, torch._int_mm(p, weight.t()).to(torch.float32) * r, scale)
+//   y = torch.addcmul(bias, torch._int_mm(p, weight_t).to(torch.float32) * r, scale)
 // Here each row of x is read twice while in cache, and the int32 sums, written into y's own
 // memory, are turned into y there in one pass. torch's addcmul is bias + y * scale in one
 // rounding (its build contracts it to a fused multiply-add): so is this, explicitly, as the
@@ -141,15 +141,15 @@ at::Tensor int8_rows_by_sentence(const at::Tensor& q, const at::Tensor& scale, c
   return y;
 }
 
-// x (rows x n, float32, contiguous) times the transpose of weight (o x n, int8; per output
+// x (rows x n, float32, contiguous) times weight_t (n x o, int8, any strides; per output
 // channel `scale`) plus `bias`, into `out` (rows x o, float32, contiguous), which is returned.
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& scale,
                        const at::Tensor& bias, at::Tensor out) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "int8_linear takes a contiguous 2-D float32 CPU input");
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kChar && weight.size(1) == x.size(1),
-              "int8_linear: weight must be int8, out x in");
-  const int64_t rows = x.size(0), n = x.size(1), o = weight.size(0);
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == at::kChar && weight_t.size(0) == x.size(1),
+              "int8_linear: weight_t must be int8, in x out");
+  const int64_t rows = x.size(0), n = x.size(1), o = weight_t.size(1);
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
                   bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
               "int8_linear: scale and bias must be float32, one per output channel");
@@ -160,7 +160,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   auto r = at::empty({rows}, x.options());
   quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
   auto sums = out.view(at::kInt);
-  at::_int_mm_out(sums, p, weight.t());
+  at::_int_mm_out(sums, p, weight_t);
   dequantize_rows(out.data_ptr<float>(), rows, o, r.data_ptr<float>(), scale.data_ptr<float>(),
                   bias.data_ptr<float>());
   return out;

@@ -60,22 +60,25 @@ def weight_levels() -> Optional[int]:
 
 
 @torch.no_grad()  # for generation: rounding has no gradient
-def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
+def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x (... x in) times the transpose of int8 weights ``weight`` (out x in, as
-    ``F.linear`` takes them; per-channel ``scale``) plus ``bias``, x quantized per row; ``out``: a contiguous float32 (rows x out) tensor to write
+    """x (... x in) times int8 weights ``weight_t`` (in x out, per-channel ``scale``) plus
+    ``bias``, x quantized per row. oneDNN multiplies faster where ``weight_t`` is the
+    transpose of weights stored out x in, as the layers keep them (:class:`Int8Weights
+    <fairseq_convs2s_ext.generation.quantization.Int8Weights>`); exports written before they
+    were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous float32 (rows x out) tensor to write
     into, else a new one. The kernel writes the int32 sums into the float32 result's own
     memory and converts them there, element by element (same size, same place), so that the
     step makes no second rows x out tensor."""
     rows = x.reshape(-1, x.size(-1))
     if torch.compiler.is_compiling():  # torch.export: one node of the program (convs2s-export --quantize int8)
-        return torch.ops.convs2s.int8_linear(rows, weight, scale, bias).view(*x.shape[:-1], -1)
+        return torch.ops.convs2s.int8_linear(rows, weight_t, scale, bias).view(*x.shape[:-1], -1)
     kernel = KERNEL.load() if x.device.type == "cpu" and x.dtype == torch.float32 else None
     if kernel is None:
-        y = int8_linear_torch(rows, weight, scale, bias)
+        y = int8_linear_torch(rows, weight_t, scale, bias)
         return (y if out is None else out.copy_(y)).view(*x.shape[:-1], -1)
-    y = torch.empty(len(rows), weight.size(0), dtype=torch.float32, device=x.device) if out is None else out
-    return kernel.int8_linear(rows.contiguous(), weight, scale, bias, y).view(*x.shape[:-1], -1)
+    y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32, device=x.device) if out is None else out
+    return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
 
 
 @torch.no_grad()
@@ -96,25 +99,25 @@ def int8_rows_by_sentence_torch(q, scale, bias, h):
 
 
 @torch.library.custom_op("convs2s::int8_linear", mutates_args=())
-def int8_linear_op(rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+def int8_linear_op(rows: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor,
                    bias: torch.Tensor) -> torch.Tensor:
     """:func:`int8_linear` of ``rows`` (m x in) as ``torch.ops.convs2s.int8_linear``
     (``convs2s-serve`` imports this module before it loads a program)."""
-    return int8_linear(rows, weight, scale, bias)
+    return int8_linear(rows, weight_t, scale, bias)
 
 
 @int8_linear_op.register_fake
-def _(rows, weight, scale, bias):
-    return rows.new_empty(rows.size(0), weight.size(0))
+def _(rows, weight_t, scale, bias):
+    return rows.new_empty(rows.size(0), weight_t.size(1))
 
 
-def int8_linear_torch(rows, weight, scale, bias):
+def int8_linear_torch(rows, weight_t, scale, bias):
     """:func:`int8_linear` of ``rows`` (m x in) with torch's operations."""
     # max |x|: the same numbers as vector_norm(x, inf), whose CPU kernel took 8-14x as long at
     # the decoder's shapes (640 x 256, 640 x 768; 2 threads, AMD EPYC)
     row_scale = rows.abs().amax(dim=1, keepdim=True).div(127).clamp(min=TINY)
     p = torch.round(rows / row_scale).to(torch.int8)
-    return torch.addcmul(bias, torch._int_mm(p, weight.t()).to(torch.float32) * row_scale, scale)
+    return torch.addcmul(bias, torch._int_mm(p, weight_t).to(torch.float32) * row_scale, scale)
 
 
 def _mismatch(kernel) -> Optional[str]:
@@ -127,10 +130,10 @@ def _mismatch(kernel) -> Optional[str]:
     for rows, width, out in [(1, 5, 3), (7, 23, 19), (64, 256, 512), (33, 768, 9792)]:
         x = torch.randn(rows, width, generator=generator) * 3
         x[0] = 0
-        weight = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8)
+        weight_t = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8).t()  # as the layers'
         scale, bias = torch.rand(out, generator=generator) / 100, torch.randn(out, generator=generator)
-        found = kernel.int8_linear(x, weight, scale, bias, torch.empty(rows, out))
-        if not torch.equal(found, int8_linear_torch(x, weight, scale, bias)):
+        found = kernel.int8_linear(x, weight_t, scale, bias, torch.empty(rows, out))
+        if not torch.equal(found, int8_linear_torch(x, weight_t, scale, bias)):
             return f"{rows} x {width} -> {out}"
     for sentences, words, width, beam in [(2, 3, 5, 1), (3, 7, 23, 5), (2, 5, 40, 13), (16, 230, 256, 5)]:
         q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)

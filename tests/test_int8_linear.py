@@ -19,15 +19,19 @@ needs_kernel = pytest.mark.skipif(
 )
 
 
-def operands(rows, width, out, seed):
+def operands(rows, width, out, seed, stored="out x in"):
+    """x, weight_t (in x out: the transpose of weights stored out x in, as the layers store
+    them, or stored in x out, as exports written before them pass them), scale, bias."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, width, generator=generator) * 4
     weight = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8)
-    return x, weight, torch.rand(out, generator=generator) / 50, torch.randn(out, generator=generator)
+    weight_t = weight.t() if stored == "out x in" else weight.t().contiguous()
+    return x, weight_t, torch.rand(out, generator=generator) / 50, torch.randn(out, generator=generator)
 
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stored", ["out x in", "in x out"])
 @pytest.mark.parametrize("rows, width, out", [
     (1, 3, 2),  # narrower than a vector
     (9, 37, 21),  # tails after the vectors
@@ -35,17 +39,17 @@ def operands(rows, width, out, seed):
     (640, 768, 512),  # the encoder's convolution, a source word's window
     (130, 256, 9792),  # W_o
 ])
-def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads):
-    x, weight, scale, bias = operands(rows, width, out, seed=rows + width)
+def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads, stored):
+    x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width, stored=stored)
     x[rows // 2] = 0  # a row's scale is TINY
     x[-1, :2] = torch.tensor([1e30, -1e-30])  # a row of one large value
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = int8_linear.KERNEL.load().int8_linear(x, weight, scale, bias, torch.full((rows, out), float("nan")))
+        got = int8_linear.KERNEL.load().int8_linear(x, weight_t, scale, bias, torch.full((rows, out), float("nan")))
     finally:
         torch.set_num_threads(previous)
-    expected = int8_linear.int8_linear_torch(x, weight, scale, bias)
+    expected = int8_linear.int8_linear_torch(x, weight_t, scale, bias)
     assert torch.equal(got, expected)
 
 
@@ -87,19 +91,19 @@ def test_each_sentences_int8_rows_times_its_hypotheses_within_float32_rounding(s
 @needs_kernel
 def test_int8_linear_writes_into_out_and_keeps_leading_dimensions():
     """As the layers call it: B x T x in, into W_o's reused logits or a new tensor."""
-    x, weight, scale, bias = operands(12, 40, 30, seed=3)
+    x, weight_t, scale, bias = operands(12, 40, 30, seed=3)
     out = torch.empty(12, 30)
-    got = int8_linear.int8_linear(x.view(3, 4, 40), weight, scale, bias, out=out)
+    got = int8_linear.int8_linear(x.view(3, 4, 40), weight_t, scale, bias, out=out)
     assert got.shape == (3, 4, 30) and got.data_ptr() == out.data_ptr()
-    assert torch.equal(got.view(12, 30), int8_linear.int8_linear_torch(x, weight, scale, bias))
+    assert torch.equal(got.view(12, 30), int8_linear.int8_linear_torch(x, weight_t, scale, bias))
     strided = x.t().contiguous().t()  # not contiguous: the kernel takes a copy
-    assert torch.equal(int8_linear.int8_linear(strided, weight, scale, bias), got.view(12, 30))
+    assert torch.equal(int8_linear.int8_linear(strided, weight_t, scale, bias), got.view(12, 30))
 
 
 def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
     code = ("import logging; logging.basicConfig(); import torch\n"
             "from convs2s_serving import int8_linear as m\n"
-            "x, w = torch.randn(4, 8), torch.randint(-127, 128, (5, 8), dtype=torch.int8)\n"
+            "x, w = torch.randn(4, 8), torch.randint(-127, 128, (5, 8), dtype=torch.int8).t()\n"
             "s, b = torch.rand(5), torch.randn(5)\n"
             "assert torch.equal(m.int8_linear(x, w, s, b), m.int8_linear_torch(x, w, s, b))\n"
             "print(m.KERNEL.load())")

@@ -68,10 +68,10 @@ def test_int8_products_are_exact_integer_sums_converted_in_place():
     p = torch.round(x / r)
     exact = (p.double() @ q.double().t()) * r.double() * s.double() + linear.bias.detach().double()
     out = torch.full((5, 13), float("nan"))
-    got = int8_linear(x, q, s, linear.bias.detach(), out=out)
+    got = int8_linear(x, q.t(), s, linear.bias.detach(), out=out)
     assert got.data_ptr() == out.data_ptr()
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(int8_linear(x[None], q, s, linear.bias.detach())[0], got)
+    torch.testing.assert_close(int8_linear(x[None], q.t(), s, linear.bias.detach())[0], got)
     assert torch.equal(torch._int_mm(p.to(torch.int8), q.t()),
                        (p.long() @ q.long().t()).to(torch.int32))
 
@@ -87,7 +87,7 @@ q, s = quantize_weight(weight)
 r = x.abs().amax(1, keepdim=True) / 127
 p = torch.round(x / r)
 exact = (p.double() @ q.double().t()) * r.double() * s.double()
-got = int8_linear(x, q, s, torch.zeros(512))
+got = int8_linear(x, q.t(), s, torch.zeros(512))
 print(weight_levels(), float((got.double() - exact).abs().max()))
 """
 

@@ -126,7 +126,8 @@ def quantize_weight(weight: torch.Tensor):
 class Int8Weights:
     """The int8 copy of a linear layer's float32 ``weight``: ``weight_int8`` (out x in, as the
     float32 weight) and ``weight_scale`` (out), as buffers. ``torch._int_mm`` takes the weights
-    in x out: it gets ``weight_int8.t()``, a view. Stored so, rows of output channels, they
+    in x out: it gets their transpose, a view (``transpose``, which the export's list of
+    operations holds). Stored so, rows of output channels, they
     multiplied faster than stored in x out (2 threads, Intel Xeon with AVX512-VNNI, and held to
     AVX2: W_o's 640 x 256 -> 9792 in 2.5 ms against 3.0, and 10.5 against 15.5 held to AVX2,
     the decoder's other products 1.1x as fast held to AVX2; the benchmark's beam search held to
@@ -139,7 +140,7 @@ class Int8Weights:
         self.register_buffer("weight_scale", scale, persistent=False)
 
     def int8_forward(self, x, out=None):
-        return int8_linear(x, self.weight_int8, self.weight_scale, self.bias, out)
+        return int8_linear(x, self.weight_int8.transpose(0, 1), self.weight_scale, self.bias, out)
 
 
 class Int8Linear(Int8Weights, nn.Linear):
@@ -176,7 +177,7 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
             if incremental_state is not None:  # the rows are gathered once a batch: so are these
                 self.set_incremental_state(incremental_state, "int8_rows", quantized)
         q, scale = quantized
-        return int8_linear(features, q, scale, bias)
+        return int8_linear(features, q.t(), scale, bias)
 
     def every_word(self, features, incremental_state, reuse_logits):
         if not reuse_logits or incremental_state is None:
