@@ -66,8 +66,8 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     ``bias``, x quantized per row. oneDNN multiplies faster where ``weight_t`` is the
     transpose of weights stored out x in, as the layers keep them (:class:`Int8Weights
     <fairseq_convs2s_ext.generation.quantization.Int8Weights>`); exports written before they
-    were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous float32 (rows x out) tensor to write
-    into, else a new one. The kernel writes the int32 sums into the float32 result's own
+    were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous
+    float32 (rows x out) tensor to write into, else a new one. The kernel writes the int32 sums into the float32 result's own
     memory and converts them there, element by element (same size, same place), so that the
     step makes no second rows x out tensor."""
     rows = x.reshape(-1, x.size(-1))

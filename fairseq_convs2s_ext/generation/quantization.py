@@ -127,12 +127,12 @@ class Int8Weights:
     """The int8 copy of a linear layer's float32 ``weight``: ``weight_int8`` (out x in, as the
     float32 weight) and ``weight_scale`` (out), as buffers. ``torch._int_mm`` takes the weights
     in x out: it gets their transpose, a view (``transpose``, which the export's list of
-    operations holds). Stored so, rows of output channels, they
-    multiplied faster than stored in x out (2 threads, Intel Xeon with AVX512-VNNI, and held to
-    AVX2: W_o's 640 x 256 -> 9792 in 2.5 ms against 3.0, and 10.5 against 15.5 held to AVX2,
-    the decoder's other products 1.1x as fast held to AVX2; the benchmark's beam search held to
-    AVX2 at 220-227 sentences a second against 208-214 at equal work, 207-214 against 187-189
-    as trained, the same with VNNI within its noise, the same translations)."""
+    operations holds). Stored so, rows of output channels, they multiplied faster than stored
+    in x out (2 threads, Intel Xeon with AVX512-VNNI, and held to AVX2: W_o's 640 x 256 -> 9792
+    in 2.5 ms against 3.0, and 10.5 against 15.5 held to AVX2, the decoder's other products
+    1.1x as fast held to AVX2; the benchmark's beam search held to AVX2 at 220-227 sentences a
+    second against 208-214 at equal work, 207-214 against 187-189 as trained, the same with
+    VNNI within its noise, the same translations)."""
 
     def quantize_(self):
         q, scale = quantize_weight(self.weight.detach())
