@@ -40,12 +40,12 @@ def weight_levels() -> Optional[int]:
     instruction (VNNI: measured on AMD EPYC and Intel Xeon CPUs with AVX512-VNNI); 63 where it
     does not (oneDNN held to AVX2, as on an AVX2 CPU), where it shifts the activations to
     unsigned bytes (p + 128, up to 255) and adds each pair of products into a saturating
-    int16 (255 x 127 x 2 overflows it; 255 x 63 x 2 does not); None
-    where neither is exact. Measured, not assumed from the CPU's flags (``ONEDNN_MAX_CPU_ISA``
-    can hold oneDNN below them): products of the extreme values, at the decoder's shape and at
-    a small one, against their exact sums. Weights quantized to these levels
-    (``quantize_weight``) give exact int32 sums, bit for bit the same on every CPU for the
-    same levels (with 127 levels oneDNN held to AVX2 got 99% of random sums wrong)."""
+    int16 (255 x 127 x 2 overflows it; 255 x 63 x 2 does not); None where neither is exact.
+    Measured, not assumed from the CPU's flags (``ONEDNN_MAX_CPU_ISA`` can hold oneDNN below
+    them): products of the extreme values, at the decoder's shape and at a small one, against
+    their exact sums, with the weights in the layers' layout. Weights quantized to these
+    levels (``quantize_weight``) give exact int32 sums, bit for bit the same on every CPU for
+    the same levels (with 127 levels oneDNN held to AVX2 got 99% of random sums wrong)."""
     generator = torch.Generator().manual_seed(0)
     for levels in (127, 63):
         for rows, width, out in [(640, 256, 512), (3, 40, 7)]:
@@ -67,9 +67,9 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     transpose of weights stored out x in, as the layers keep them (:class:`Int8Weights
     <fairseq_convs2s_ext.generation.quantization.Int8Weights>`); exports written before they
     were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous
-    float32 (rows x out) tensor to write into, else a new one. The kernel writes the int32 sums into the float32 result's own
-    memory and converts them there, element by element (same size, same place), so that the
-    step makes no second rows x out tensor."""
+    float32 (rows x out) tensor to write into, else a new one. The kernel writes the int32
+    sums into the float32 result's own memory and converts each in its own place (same size),
+    so that the step makes no second rows x out tensor."""
     rows = x.reshape(-1, x.size(-1))
     if torch.compiler.is_compiling():  # torch.export: one node of the program (convs2s-export --quantize int8)
         return torch.ops.convs2s.int8_linear(rows, weight_t, scale, bias).view(*x.shape[:-1], -1)

@@ -2,7 +2,10 @@
 the error their scales allow of float32, the whole decoder stays close to its float32 self,
 and fairseq-generate, fairseq-interactive and the hub translate with it; without it,
 translation is what it was."""
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -97,10 +100,6 @@ def test_int8_sums_are_exact_where_onednn_multiplies_without_vnni():
     products into a saturating int16, so 8-bit weights gave wrong sums (99% of them at random
     operands, and translations changed); the weights are then quantized to 7 bits, and
     the int8 layer's output is the exact product of its int8 operands again."""
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
     proc = subprocess.run([sys.executable, "-c", AVX2_EXACTNESS], env=env, text=True, capture_output=True,
                           timeout=120)
