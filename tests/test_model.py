@@ -119,6 +119,27 @@ def test_a_step_uses_the_current_weights():
     torch.testing.assert_close(second, expected)
 
 
+def test_a_step_applies_every_reorder_since_the_last_one_in_turn():
+    """A causal convolution's steps equal the convolution over each row's own history when
+    the rows are reordered twice between two steps (the first step's copies to a beam, then
+    a search's reorder), to more rows and to fewer, and when no reorder comes between."""
+    torch.manual_seed(0)
+    conv = GLUConvolution(4, 3, kernel_width=3, causal=True).eval()
+    inputs = torch.randn(6, 5, 4)
+    reorders = {1: [torch.tensor([0, 0, 1, 1, 1, 0]), torch.tensor([5, 1, 2, 2, 3, 0])],
+                3: [torch.tensor([3, 1, 4])]}
+    state, history = {}, inputs[:2, :0]
+    with torch.no_grad():
+        for t in range(inputs.size(1)):
+            for order in reorders.get(t, []):
+                conv.reorder_incremental_state(state, order)
+                history = history[order]
+            x = inputs[: len(history), t : t + 1]
+            history = torch.cat([history, x], 1)
+            step = conv(x, incremental_state=state)
+            torch.testing.assert_close(step, conv(history)[:, -1:])
+
+
 @pytest.mark.parametrize("overrides", ARCHS)
 def test_attention_rows_sum_to_one_and_ignore_padding(overrides):
     model, d = build(**overrides)

@@ -49,15 +49,39 @@ class GLUConvolution(nn.Module):
         assert self.causal, "incremental decoding needs a causal convolution"
         k = self.kernel_width
         if k > 1:
-            window = self.get_incremental_state(incremental_state, "window")
-            if window is None:
-                window = x.new_zeros(x.size(0), k, self.in_channels)
-            window = torch.cat([window[:, 1:], x], dim=1)
-            self.set_incremental_state(incremental_state, "window", window)
-            x = window.view(x.size(0), 1, k * self.in_channels)
+            x = self._moved_window(x, incremental_state).view(x.size(0), 1, k * self.in_channels)
         return F.glu(self.linear(x), dim=-1)
 
-    def reorder_incremental_state(self, incremental_state, new_order):
+    def _moved_window(self, x, incremental_state):
+        """The window of the last k inputs moved on by x (B x k x C, x last). A beam search's
+        reorders of the hypotheses since the last step (:meth:`reorder_incremental_state`
+        keeps them, composed) are applied as it moves: one gather of the k - 1 inputs kept
+        into one of two buffers that the steps take in turn. Reordering the window, then
+        moving it into a new tensor, copied it twice and allocated it twice a step (6% of
+        an int8 beam search at beam 5, batch 128)."""
         window = self.get_incremental_state(incremental_state, "window")
-        if window is not None:
-            self.set_incremental_state(incremental_state, "window", window.index_select(0, new_order))
+        order = self.get_incremental_state(incremental_state, "window_order")
+        buffers = self.get_incremental_state(incremental_state, "window_buffers")
+        rows = x.size(0)
+        if buffers is None or buffers[0].size(0) < rows:
+            buffers = [x.new_empty(rows, self.kernel_width, self.in_channels) for _ in range(2)]
+        moved = buffers[0][:rows]
+        if window is None:
+            moved[:, :-1].zero_()
+        elif order is None:
+            moved[:, :-1].copy_(window[:, 1:])
+        else:
+            torch.index_select(window[:, 1:], 0, order, out=moved[:, :-1])
+        moved[:, -1:].copy_(x)
+        self.set_incremental_state(incremental_state, "window", moved)
+        self.set_incremental_state(incremental_state, "window_order", None)
+        self.set_incremental_state(incremental_state, "window_buffers", buffers[::-1])  # the other's turn
+        return moved
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        """Row r of the window continues row new_order[r]: kept, to be applied as the window
+        moves at the next step."""
+        if self.get_incremental_state(incremental_state, "window") is not None:
+            order = self.get_incremental_state(incremental_state, "window_order")
+            self.set_incremental_state(incremental_state, "window_order",
+                                       new_order if order is None else order.index_select(0, new_order))
