@@ -175,11 +175,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         words = prev_output_tokens[:, -k:]  # the window's words, the oldest first
         products, index = self.word_products(words, incremental_state)
         slots = torch.arange(k - words.size(1), k, device=words.device) * products.size(1)
-        y = products.view(-1, products.size(-1)).index_select(0, (index + slots).view(-1))
+        y = F.embedding_bag(index + slots, products.view(-1, products.size(-1)), mode="sum")  # gathered and summed
         positions = torch.arange(steps - k + 1, steps + 1, device=words.device).clamp(min=0)
         fc1_p = self.fc1(self.embed.positions.weight[positions + self.dictionary.pad()])  # k x d
         fc1_p = fc1_p.masked_fill((positions == 0).unsqueeze(1), 0.0)  # zeros before the first
-        y = y.view(*words.shape, -1).sum(1) + convolution.linear(fc1_p.view(1, -1))
+        y = y + convolution.linear(fc1_p.view(1, -1))
         return F.glu(y, dim=-1).unsqueeze(1)
 
     def word_products(self, words, incremental_state):
