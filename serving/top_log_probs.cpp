@@ -1,5 +1,6 @@
 // Each row's log-probabilities at its special symbols and its k best other words, from its
-// logits, with the row read once from memory: torch's log_softmax values, bit for bit.
+// logits, with the row read once from memory (its maximum and its k best words in one pass,
+// then the sum of exp(x - max) from cache): torch's log_softmax values, bit for bit.
 //
 // top_log_probs.py compiles this for the CPU capability that torch dispatches to
 // (CPU_CAPABILITY_AVX2 or CPU_CAPABILITY_AVX512), so that the at::vec functions below are
@@ -11,37 +12,41 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 
-// The k largest values of x[begin:end] and their indices, best first (ties in any order).
+// The k largest values offered, and their indices, best first (ties: the first offered).
 class Best {
  public:
   explicit Best(int64_t k) : value_(k), index_(k) {}
 
-  void find(const float* x, int64_t begin, int64_t end) {
-    const int64_t k = value_.size();
-    for (int64_t j = begin; j < begin + k; ++j) insert(x[j], j, j - begin);
-    int64_t j = begin + k;
-    const int none_above = (1 << Vec::size()) - 1;  // zero_mask() of a comparison true nowhere
-    for (; j + Vec::size() <= end; j += Vec::size()) {
-      if ((Vec::loadu(x + j) > Vec(value_[k - 1])).zero_mask() == none_above) continue;
-      for (int64_t l = j; l < j + Vec::size(); ++l) offer(x[l], l);
-    }
-    for (; j < end; ++j) offer(x[j], j);
+  // x[first:first + k] taken as they are, the values every later one is offered against.
+  void take(const float* x, int64_t first) {
+    for (int64_t j = first; j < first + size(); ++j) insert(x[j], j, j - first);
   }
 
+  // x[j], offered.
+  void offer(float x, int64_t j) {
+    if (x > value_.back()) insert(x, j, size() - 1);
+  }
+
+  // v = x[j:j + Vec::size()], offered: one comparison where none of them is better than the k-th.
+  void offer(const Vec& v, const float* x, int64_t j) {
+    const int none_above = (1 << Vec::size()) - 1;  // zero_mask() of a comparison true nowhere
+    if ((v > Vec(value_.back())).zero_mask() == none_above) return;
+    for (int64_t l = j; l < j + Vec::size(); ++l) offer(x[l], l);
+  }
+
+  int64_t size() const { return value_.size(); }
   float value(int64_t i) const { return value_[i]; }
   int64_t index(int64_t i) const { return index_[i]; }
 
  private:
-  void offer(float x, int64_t j) {
-    if (x > value_.back()) insert(x, j, value_.size() - 1);
-  }
-
   // x into place `last` or above, the values below it moving down one place.
   void insert(float x, int64_t j, int64_t last) {
     int64_t p = last;
@@ -56,6 +61,30 @@ class Best {
   std::vector<float> value_;
   std::vector<int64_t> index_;
 };
+
+// The maximum of x[0:width] (NaN if one is NaN, as torch's), and the k best of
+// x[begin:end] into `best`, in one read of the row: a maximum is the same in any order.
+float max_and_best(const float* x, int64_t width, int64_t begin, int64_t end, Best& best) {
+  best.take(x, begin);
+  const int64_t first = begin + best.size();  // the first word offered
+  Vec max_vec(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + Vec::size() <= width; j += Vec::size()) {
+    const Vec v = Vec::loadu(x + j);
+    max_vec = at::vec::maximum(max_vec, v);
+    if (j >= first && j + Vec::size() <= end) {
+      best.offer(v, x, j);
+    } else {
+      for (int64_t l = std::max(j, first); l < std::min(j + Vec::size(), end); ++l) best.offer(x[l], l);
+    }
+  }
+  if (j < width) {  // the tail, as a vector whose other lanes are -inf
+    const Vec tail = Vec::set(Vec(-std::numeric_limits<float>::infinity()), Vec::loadu(x + j, width - j), width - j);
+    max_vec = at::vec::maximum(max_vec, tail);
+    for (int64_t l = std::max(j, first); l < end; ++l) best.offer(x[l], l);
+  }
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, max_vec);
+}
 
 }  // namespace
 
@@ -80,11 +109,10 @@ std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspe
     for (int64_t r = begin; r < end; ++r) {
       const float* x = in + r * width;
       // log_softmax(x) = x - max - log(sum(exp(x - max))), as torch computes it
-      const float max = at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, width);
+      const float max = max_and_best(x, width, nspecial, words_end, best);
       float log_sum = at::vec::map_reduce_all<float>(
           [max](Vec v) { return (v - Vec(max)).exp(); }, [](Vec a, Vec b) { return a + b; }, x, width);
       at::vec::map([](Vec v) { return v.log(); }, &log_sum, &log_sum, 1);
-      best.find(x, nspecial, words_end);
       float* y = out + r * (nspecial + k);
       for (int64_t j = 0; j < nspecial; ++j) y[j] = x[j] - max - log_sum;
       for (int64_t i = 0; i < k; ++i) {

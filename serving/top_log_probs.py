@@ -4,12 +4,12 @@ step's and ``convs2s-serve``'s).
 
 torch offers it as two operations: ``torch.log_softmax`` reads the hypotheses x V logits
 and writes as many log-probabilities, then ``torch.topk`` reads them again and copies each
-row into (value, index) pairs before sorting. The kernel in ``top_log_probs.cpp`` takes a
-row once into cache, computes its maximum and the sum of exp(x - max) with the functions
-torch's own log_softmax calls, in the same order, and keeps the k largest logits as it
-reads them again from cache; only the nspecial + k log-probabilities a row needs are
-written, the same values, bit for bit, as torch's (bench/README.md as of 86165d7~, "What each lever
-bought", times it against torch's two operations).
+row into (value, index) pairs before sorting. The kernel in ``top_log_probs.cpp`` reads a
+row once from memory, finding its maximum and its k largest logits in that one pass, then
+sums exp(x - max) from cache with the functions torch's own log_softmax calls, in the same
+order; only the nspecial + k log-probabilities a row needs are written, the same values,
+bit for bit, as torch's (bench/README.md as of 86165d7~, "What each lever bought", times it
+against torch's two operations).
 
 It is compiled on first use (:mod:`.kernels`) and used only after it has matched
 ``torch.log_softmax`` and ``torch.topk`` on random rows. Where it cannot be built, loaded or
