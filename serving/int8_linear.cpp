@@ -167,6 +167,10 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place");
-  m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses");
+  // other Python threads run while the kernels work, as they do during torch's own operations
+  const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place",
+        without_gil);
+  m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses",
+        without_gil);
 }

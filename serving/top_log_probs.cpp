@@ -125,5 +125,7 @@ std::vector<at::Tensor> log_softmax_top_k(const at::Tensor& logits, int64_t nspe
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("log_softmax_top_k", &log_softmax_top_k, "log_softmax at each row's special symbols and k best other words");
+  // other Python threads run while the kernel works, as they do during torch's own operations
+  m.def("log_softmax_top_k", &log_softmax_top_k, "log_softmax at each row's special symbols and k best other words",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

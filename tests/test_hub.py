@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -72,6 +73,21 @@ def test_translate_raw_sentences_with_beam_and_nbest(bpe_model, tmp_path):
     assert [hypos[0]["score"].item() for hypos in generated] == pytest.approx(scores, abs=1e-4)
     with pytest.raises(ValueError, match="nbest=3 needs a beam"):
         hub.translate(raw[0], beam=2, nbest=3)
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_two_threads_translating_at_once_get_one_threads_translations(bpe_model, quantize):
+    """A server may call one hub from several threads: each search keeps its own state, and the
+    int8 products and the lean step's kernel let the other threads run while they work
+    (tests/test_kernel_threads.py)."""
+    prepared, checkpoints = bpe_model
+    hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, quantize=quantize)
+    raw = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8").splitlines()[:40]
+    halves = [raw[::2], raw[1::2]]
+    alone = [hub.translate(half, beam=5, nbest=2) for half in halves]
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda half: hub.translate(half, beam=5, nbest=2), halves)) == alone
 
 
 def _with_task(checkpoint, task, out):
