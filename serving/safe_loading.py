@@ -31,12 +31,13 @@ ALLOWED_TARGETS = frozenset({
     "_operator.add", "_operator.sub", "_operator.mul", "_operator.floordiv", "_operator.mod",
     *(f"torch.ops.aten.{op}" for op in (
         "_assert_tensor_metadata.default", "add.Tensor", "alias.default", "baddbmm.default", "baddbmm_.default",
-        "bitwise_not.default", "bmm.default", "cat.default", "cumsum.default", "embedding.default", "eq.Scalar",
-        "expand.default", "flatten.using_ints", "glu.default", "index_select.default", "linear.default",
-        "log_softmax.int", "masked_fill.Scalar", "masked_fill_.Scalar", "matmul.default", "mul.Scalar",
-        "mul.Tensor", "mul_.Tensor", "ne.Scalar", "pad.default", "permute.default", "reshape.default",
-        "rsqrt.default", "select.int", "slice.Tensor", "softmax.int", "sum.dim_IntList", "sym_size.int",
-        "to.dtype", "transpose.int", "type_as.default", "unfold.default", "unsqueeze.default", "view.default",
+        "bitwise_not.default", "bmm.default", "cat.default", "contiguous.default", "cumsum.default",
+        "embedding.default", "eq.Scalar", "expand.default", "flatten.using_ints", "glu.default",
+        "index_select.default", "linear.default", "log_softmax.int", "masked_fill.Scalar", "masked_fill_.Scalar",
+        "matmul.default", "mul.Scalar", "mul.Tensor", "mul_.Tensor", "ne.Scalar", "pad.default", "permute.default",
+        "reshape.default", "rsqrt.default", "select.int", "slice.Tensor", "softmax.int", "sum.dim_IntList",
+        "sym_size.int", "to.dtype", "transpose.int", "type_as.default", "unfold.default", "unsqueeze.default",
+        "view.default",
     )),
     "torch.ops.convs2s.int8_linear.default",  # int8 (convs2s-export --quantize int8): convs2s_serving.int8_linear
 })

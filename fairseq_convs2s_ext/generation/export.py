@@ -105,11 +105,16 @@ class IncrementalStep(nn.Module):
                 x = window.flatten(2)
             x = F.glu(convolution.linear(x), dim=-1)
             if attention is not None:
-                source = ProjectedSource(*sources[3 * attending: 3 * attending + 3])
+                n = len(ProjectedSource._fields)
+                source = ProjectedSource(*sources[n * attending: n * (attending + 1)])
                 x, _ = attention(x, g, encoder_out, source)
                 attending += 1
             x = scaled_sum(x, residual)
         return decoder.output_projection(decoder.fc2(x)), moved
+
+
+# where the source positions are in each of a layer's projected sources
+SOURCE_POSITIONS = ProjectedSource(embedding_keys=2, keys=2, key_bias=2, values=1)
 
 
 def window_shapes(model):
@@ -157,7 +162,8 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         step = torch.export.export(
             IncrementalStep(model), (tokens, torch.tensor(0), windows, z, sources),
             dynamic_shapes=({0: sentences, 1: hypotheses}, None, [{0: sentences, 1: hypotheses}] * len(windows),
-                            {0: sentences, 1: length}, [{0: sentences, 1: length}] * len(sources)),
+                            {0: sentences, 1: length},
+                            [{0: sentences, dim: length} for dim in SOURCE_POSITIONS] * len(model.decoder.attending_layers)),
         )
     int8 = [m.weight_int8 for m in model.modules() if isinstance(m, Int8Weights)]
     config = {

@@ -11,10 +11,13 @@ from .scaling import SQRT_HALF, scaled_sum
 
 class ProjectedSource(NamedTuple):
     """One layer's projections of the source (:meth:`MultiStepAttention.project_source`),
-    a row per row of the encoder output."""
-    keys: torch.Tensor  # W_d^T z_j
-    key_bias: torch.Tensor  # b_d . z_j, -inf at padding
-    values: torch.Tensor  # W_c (z_j + e_j) times m * sqrt(1/m)
+    a row per row of the encoder output; the keys transposed, source positions last, as a
+    step multiplies them (stored so, the products took half the time of their transposed
+    views)."""
+    embedding_keys: torch.Tensor  # z_j, B x embed_dim x S
+    keys: torch.Tensor  # W_d^T z_j, B x channels x S
+    key_bias: torch.Tensor  # b_d . z_j, -inf at padding, B x 1 x S
+    values: torch.Tensor  # W_c (z_j + e_j) times m * sqrt(1/m), plus b_c, B x S x channels
 
 
 class MultiStepAttention(nn.Module):
@@ -29,9 +32,10 @@ class MultiStepAttention(nn.Module):
     does, not as the paper does (see ``scaling``).
 
     In a beam search the projections can move onto the source (:meth:`project_source`):
-    d_i . z_j = h_i . (W_d^T z_j) + (b_d + g_i) . z_j and W_c c_i = sum_j a_ij W_c (z_j + e_j),
-    so each source position is projected once per sentence instead of each hypothesis at
-    every step. The numbers are the same up to rounding.
+    d_i . z_j = h_i . (W_d^T z_j) + (b_d + g_i) . z_j and, as the a_ij sum to 1,
+    W_c c_i + b_c = sum_j a_ij (W_c (z_j + e_j) + b_c), so each source position is projected
+    once per sentence instead of each hypothesis at every step. The numbers are the same up
+    to rounding.
     """
 
     def __init__(self, channels, embed_dim):
@@ -57,31 +61,33 @@ class MultiStepAttention(nn.Module):
             if padding_mask is not None:
                 scores = scores.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         else:  # the key bias is -inf at padding
-            g = (target_embedding * SQRT_HALF).reshape(*by_source, target_embedding.size(-1))
-            scores = torch.baddbmm(source.key_bias.unsqueeze(1), g, keys.transpose(1, 2))
-            scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source.keys.transpose(1, 2))
+            g = target_embedding.reshape(*by_source, target_embedding.size(-1))
+            scores = torch.baddbmm(source.key_bias, g, source.embedding_keys)
+            scores = scores.baddbmm_(h.reshape(*by_source, h.size(-1)), source.keys)
         a = torch.softmax(scores.float(), dim=-1).type_as(scores)
         if source is None:
             c = torch.bmm(a, values) * conditional_input_scale(keys, padding_mask)
             out = self.out_projection(c.view(batch, steps, -1))
         else:
-            out = torch.baddbmm(self.out_projection.bias, a, source.values).view(batch, steps, -1)
+            out = torch.bmm(a, source.values).view(batch, steps, -1)
         return scaled_sum(out, h), a.view(batch, steps, -1)
 
     def project_source(self, encoder_out):
-        """The source through this layer's projections: keys W_d^T z_j and key bias b_d . z_j
-        (both times fconv's sqrt(0.5)), values W_c (z_j + e_j) times m * sqrt(1/m); one
-        row per row of the encoder output. The key bias is -inf at padding positions, which
-        masks them at every step without a pass of its own."""
+        """The source through this layer's projections: keys z_j (for g_i) and W_d^T z_j (for
+        h_i) and key bias b_d . z_j, all times fconv's sqrt(0.5); values W_c (z_j + e_j) times
+        m * sqrt(1/m), plus b_c; one row per row of the encoder output. The key bias is -inf at
+        padding positions, which masks them at every step without a pass of its own."""
         keys, values = encoder_out["encoder_out"]
         padding_mask = encoder_out["encoder_padding_mask"]
         key_bias = torch.matmul(keys, self.in_projection.bias).mul_(SQRT_HALF)
         if padding_mask is not None:
             key_bias.masked_fill_(padding_mask, float("-inf"))
+        scale = conditional_input_scale(keys, padding_mask)
         return ProjectedSource(
-            keys=torch.matmul(keys, self.in_projection.weight).mul_(SQRT_HALF),
-            key_bias=key_bias,
-            values=F.linear(values, self.out_projection.weight).mul_(conditional_input_scale(keys, padding_mask)),
+            embedding_keys=(keys.transpose(1, 2) * SQRT_HALF).contiguous(),
+            keys=torch.matmul(self.in_projection.weight.transpose(0, 1), keys.transpose(1, 2)).mul_(SQRT_HALF),
+            key_bias=key_bias.unsqueeze(1),
+            values=F.linear(values, self.out_projection.weight).mul_(scale).add(self.out_projection.bias),
         )
 
 
