@@ -115,6 +115,9 @@ class LocalVocabularyEnsemble(EnsembleModel):
             top = top_log_probs.top_k(self.log_probs(logits, extras), self.nspecial, self.words_per_row,
                                       self.not_words)
         local, best_words = top
+        if local.size(0) != tokens.size(0):  # a first step's row a sentence: its hypotheses' are copies
+            copies = torch.arange(local.size(0), device=local.device).repeat_interleave(tokens.size(0) // local.size(0))
+            local, best_words = local.index_select(0, copies), best_words.index_select(0, copies)
         if self.candidates is not None and self.candidates.dim() == 1:
             best_words = self.candidates[best_words]
         elif self.candidates is not None:  # each sentence's hypotheses among its own words
@@ -127,11 +130,14 @@ class LocalVocabularyEnsemble(EnsembleModel):
         """Each model's logits of the last position (hypotheses x V, or x candidates), divided
         by the temperature unless it is 1, and its decoder's extra outputs. Each step's
         logits live in one tensor per model (W_o's ``reuse_logits``): no hypotheses x V
-        tensor is allocated per step."""
+        tensor is allocated per step. A single model's first step gives a row a sentence
+        (``first_step_logits_copied``): its log-probabilities and best words are taken once
+        a sentence, then copied to its hypotheses (:meth:`forward_decoder`)."""
         logits, extras = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, incremental_states):
             step_logits, extra = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state,
-                                               candidates=self.candidates, reuse_logits=True)
+                                               candidates=self.candidates, reuse_logits=True,
+                                               first_step_logits_copied=self.models_size > 1)
             step_logits = step_logits[:, -1, :]
             logits.append(step_logits.div_(temperature) if temperature != 1.0 else step_logits)
             extras.append(extra)

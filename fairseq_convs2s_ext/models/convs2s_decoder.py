@@ -89,16 +89,18 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             self.output_projection = Linear(out_embed_dim, len(dictionary), dropout=dropout, layer=OutputProjection)
 
     def forward(self, prev_output_tokens, encoder_out, incremental_state=None, candidates=None,
-                return_all_attention=False, reuse_logits=False, **unused):
+                return_all_attention=False, reuse_logits=False, first_step_logits_copied=True, **unused):
         """prev_output_tokens: B x T. Returns logits (B x T x V) and {"attn": [B x T x S]}, the
         attention averaged over the layers that attend. With ``candidates`` (target ids,
         vocabulary selection), logits over those words only (B x T x the candidates'
         columns); they and ``reuse_logits`` are :class:`OutputProjection`'s.
         ``return_all_attention`` (off in generation) adds {"layer_attn": [B x T x S]}, each
-        attending layer's own, in order."""
+        attending layer's own, in order. ``first_step_logits_copied`` off: at a beam search's
+        first step (:meth:`first_step_once`) the logits have one row a sentence, those of all
+        of its hypotheses (the lean beam step copies what it takes from them)."""
         if self.is_first_beam_step(prev_output_tokens, encoder_out, incremental_state):
             return self.first_step_once(prev_output_tokens, encoder_out, incremental_state, candidates,
-                                        return_all_attention)
+                                        return_all_attention, first_step_logits_copied)
         g = self.embed(prev_output_tokens, incremental_state)
         x = self.fc1(g)
         first_convolution = self.first_convolution_looked_up(prev_output_tokens, incremental_state)
@@ -135,10 +137,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         by_sentence = prev_output_tokens.view(-1, beam, 1)
         return torch.equal(by_sentence, by_sentence[:, :1].expand_as(by_sentence))
 
-    def first_step_once(self, prev_output_tokens, encoder_out, incremental_state, candidates, return_all_attention):
+    def first_step_once(self, prev_output_tokens, encoder_out, incremental_state, candidates, return_all_attention,
+                        logits_copied=True):
         """The first step computed for one hypothesis of each sentence, then copied to its b
-        (logits, attention and the incremental state, as if every hypothesis had been
-        computed): (b - 1)/b of the step's work. Each row's numbers are those the hypotheses
+        (logits unless not ``logits_copied``, attention and the incremental state, as if every
+        hypothesis had been computed): (b - 1)/b of the step's work. Each row's numbers are those the hypotheses
         would get each on its own: over fewer rows a matrix multiply gave a row the same bits
         on the CPU measured (bench/README.md as of 86165d7~, "What each lever bought"), and the hypotheses
         stayed fconv's."""
@@ -151,7 +154,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         copies = torch.arange(logits.size(0), device=logits.device).repeat_interleave(beam)
         self.reorder_incremental_state_scripting(incremental_state, copies)
         extra = {key: [None if a is None else a.index_select(0, copies) for a in value] for key, value in extra.items()}
-        return logits.index_select(0, copies), extra
+        return (logits.index_select(0, copies) if logits_copied else logits), extra
 
     def first_convolution_looked_up(self, prev_output_tokens, incremental_state):
         """The first block's convolution at an incremental step, without its matrix multiply;
