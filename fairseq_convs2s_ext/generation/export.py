@@ -156,14 +156,14 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         encoder = torch.export.export(SourceEncoding(model), (src_tokens,),
                                       dynamic_shapes=({0: sentences, 1: length},))
         z, sources = SourceEncoding(model)(src_tokens)
-        shapes = window_shapes(model)
+        shapes, attending = window_shapes(model), model.decoder.attending_layers
         tokens = torch.full((2, 3), tgt_dict.eos())
         windows = [torch.zeros(2, 3, k, c) for k, c in shapes]
         step = torch.export.export(
             IncrementalStep(model), (tokens, torch.tensor(0), windows, z, sources),
             dynamic_shapes=({0: sentences, 1: hypotheses}, None, [{0: sentences, 1: hypotheses}] * len(windows),
                             {0: sentences, 1: length},
-                            [{0: sentences, dim: length} for dim in SOURCE_POSITIONS] * len(model.decoder.attending_layers)),
+                            [{0: sentences, dim: length} for dim in SOURCE_POSITIONS] * len(attending)),
         )
     int8 = [m.weight_int8 for m in model.modules() if isinstance(m, Int8Weights)]
     config = {

@@ -140,11 +140,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def first_step_once(self, prev_output_tokens, encoder_out, incremental_state, candidates, return_all_attention,
                         logits_copied=True):
         """The first step computed for one hypothesis of each sentence, then copied to its b
-        (logits unless not ``logits_copied``, attention and the incremental state, as if every
-        hypothesis had been computed): (b - 1)/b of the step's work. Each row's numbers are those the hypotheses
-        would get each on its own: over fewer rows a matrix multiply gave a row the same bits
-        on the CPU measured (bench/README.md as of 86165d7~, "What each lever bought"), and the hypotheses
-        stayed fconv's."""
+        (the logits unless ``logits_copied`` is off, the attention and the incremental state,
+        as if every hypothesis had been computed): (b - 1)/b of the step's work. Each row's
+        numbers are those the hypotheses would get each on its own: over fewer rows a matrix
+        multiply gave a row the same bits on the CPU measured (bench/README.md as of 86165d7~,
+        "What each lever bought"), and the hypotheses stayed fconv's."""
         beam = encoder_out["beam"]
         if candidates is not None and candidates.dim() == 2:  # each sentence's rows, for its b hypotheses
             self.output_projection.gather_rows(candidates, prev_output_tokens.size(0), incremental_state)

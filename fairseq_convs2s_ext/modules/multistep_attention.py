@@ -14,9 +14,9 @@ class ProjectedSource(NamedTuple):
     a row per row of the encoder output; the keys transposed, source positions last, as a
     step multiplies them (stored so, the products took half the time of their transposed
     views)."""
-    embedding_keys: torch.Tensor  # z_j, B x embed_dim x S
-    keys: torch.Tensor  # W_d^T z_j, B x channels x S
-    key_bias: torch.Tensor  # b_d . z_j, -inf at padding, B x 1 x S
+    embedding_keys: torch.Tensor  # sqrt(0.5) z_j, B x embed_dim x S
+    keys: torch.Tensor  # sqrt(0.5) W_d^T z_j, B x channels x S
+    key_bias: torch.Tensor  # sqrt(0.5) b_d . z_j, -inf at padding, B x 1 x S
     values: torch.Tensor  # W_c (z_j + e_j) times m * sqrt(1/m), plus b_c, B x S x channels
 
 
