@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def calls():
+@pytest.fixture(scope="module")
+def kernel_calls():
     """Each kernel's call on inputs of the benchmark's shapes (a beam step at beam 5, batch
     128), made ready beforehand: a call makes no torch operation from Python, which would
     release the GIL by itself."""
@@ -38,11 +39,6 @@ def calls():
         "int8_rows_by_sentence": lambda: linear.int8_rows_by_sentence(q, own_scale, own_bias, h),
         "log_softmax_top_k": lambda: top.log_softmax_top_k(logits, 4, 10, 9792),
     }
-
-
-@pytest.fixture(scope="module")
-def kernel_calls():
-    return calls()
 
 
 @pytest.mark.parametrize("name", ["int8_linear", "int8_rows_by_sentence", "log_softmax_top_k"])

@@ -94,7 +94,7 @@ class IncrementalStep(nn.Module):
         g = decoder.embed.tokens(tokens) + position
         x = decoder.fc1(g)
         encoder_out = {"encoder_out": (z, z), "encoder_padding_mask": None}  # the key bias masks padding
-        moved, attending = [], 0
+        moved, attending, fields = [], 0, len(ProjectedSource._fields)
         for residual_projection, convolution, attention in zip(
             decoder.residual_projections, decoder.convolutions, decoder.attention
         ):
@@ -105,8 +105,7 @@ class IncrementalStep(nn.Module):
                 x = window.flatten(2)
             x = F.glu(convolution.linear(x), dim=-1)
             if attention is not None:
-                n = len(ProjectedSource._fields)
-                source = ProjectedSource(*sources[n * attending: n * (attending + 1)])
+                source = ProjectedSource(*sources[fields * attending: fields * (attending + 1)])
                 x, _ = attention(x, g, encoder_out, source)
                 attending += 1
             x = scaled_sum(x, residual)
