@@ -38,9 +38,10 @@ words a source word): CTranslate2 int8 with a vocabulary map made from them
   ``max_decoding_length``); sentences and target tokens per second, sacreBLEU (detokenized),
   and for each int8 system the 95% interval of its BLEU difference from its float32 self under
   paired bootstrap resampling of the sentences (bench.benchmark's);
-- at equal work: every hypothesis ``--forced-length`` tokens (fairseq's ``--min-len`` and
-  ``--max-len-b`` with ``--max-len-a 0``; CTranslate2's ``min_decoding_length`` and
-  ``max_decoding_length``).
+- at equal work: every hypothesis ``--forced-length`` words and ``</s>``, a decoder step each
+  (fairseq's ``--min-len`` and ``--max-len-b`` with ``--max-len-a 0``); CTranslate2, which
+  takes no step for ``</s>`` at its ``max_decoding_length``, ``--forced-length`` + 1 words
+  (its ``min_decoding_length`` and ``max_decoding_length``).
 
 Ratios are against CTranslate2 int8; the machine (bench/machine.py) is printed beside the
 table. Run it alone on the machine (bench/README.md).
@@ -101,7 +102,8 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="threads of every system, and of training")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--forced-length", type=int, default=16, help="tokens of every hypothesis at equal work")
+    parser.add_argument("--forced-length", type=int, default=16,
+                        help="words of every hypothesis at equal work, then </s> (CTranslate2: a word more)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the test set per system; the best counts")
     parser.add_argument("--batches", type=int, default=None,
                         help="translate only N batches, spread over the lengths (bench.generation)")
@@ -191,14 +193,20 @@ class CTranslate2System:
                                                  inter_threads=1, intra_threads=args.threads)
 
     def translate(self, forced):
-        lengths = dict(min_decoding_length=forced, max_decoding_length=forced) if forced else {
+        """At equal work, as many decoder steps as fairseq's generator takes: it writes
+        ``forced`` words and scores ``</s>`` at a step of its own, where CTranslate2 stops at
+        ``max_decoding_length`` without one (its hypotheses then end without ``</s>``); so
+        CTranslate2 writes ``forced`` + 1 words. Tokens count the steps: as trained, a
+        hypothesis's words and its ``</s>``, which CTranslate2 leaves out of the result."""
+        steps = forced + 1 if forced else None
+        lengths = dict(min_decoding_length=steps, max_decoding_length=steps) if forced else {
             "max_decoding_length": 200}
         start = time.perf_counter()
         results = self.translator.translate_batch(self.sources, beam_size=self.args.beam, use_vmap=self.use_vmap,
                                                   max_batch_size=self.args.batch_size, **lengths)
         seconds = time.perf_counter() - start
         tokens = [r.hypotheses[0] for r in results]
-        return seconds, [" ".join(t) for t in tokens], sum(len(t) + 1 for t in tokens)  # + </s>, as fairseq counts
+        return seconds, [" ".join(t) for t in tokens], sum(len(t) + (0 if forced else 1) for t in tokens)
 
 
 class FairseqSystem:
