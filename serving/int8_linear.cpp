@@ -34,7 +34,6 @@ static_assert(Vec::size() == IntVec::size(), "a vector of int32 sums converts to
 void quantize_rows(const float* x, int64_t rows, int64_t n, int8_t* p, float* r) {
   const float tiny = std::numeric_limits<float>::min();
   at::parallel_for(0, rows, 0, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t rounded[Vec::size()];
     for (int64_t m = begin; m < end; ++m) {
       const float* row = x + m * n;
       int8_t* q = p + m * n;
@@ -45,9 +44,8 @@ void quantize_rows(const float* x, int64_t rows, int64_t n, int8_t* p, float* r)
       r[m] = scale;
       int64_t j = 0;
       for (; j + Vec::size() <= n; j += Vec::size()) {
-        // integers within +-127 (as floats, then as int32 in one instruction), narrowed
-        at::vec::convert_to_int_of_same_size((Vec::loadu(row + j) / Vec(scale)).round()).store(rounded);
-        for (int64_t l = 0; l < Vec::size(); ++l) q[j + l] = static_cast<int8_t>(rounded[l]);
+        // integers within +-127, as floats, then as int8 in a few instructions
+        at::vec::convert<int8_t>((Vec::loadu(row + j) / Vec(scale)).round()).store(q + j, Vec::size());
       }
       for (; j < n; ++j) q[j] = static_cast<int8_t>(std::nearbyint(row[j] / scale));
     }
