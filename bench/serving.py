@@ -454,7 +454,7 @@ def print_table(as_trained, equal_work, machine, args):
         print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
               f"{r['BLEU']:.2f} | {interval} |")
     print()
-    print(f"| equal work ({args.forced_length} tokens) | sentences/s | x {PEER} | target tokens/s "
+    print(f"| equal work ({args.forced_length} words and </s>) | sentences/s | x {PEER} | target tokens/s "
           "| tokens a hypothesis |")
     print("|---|---:|---:|---:|---:|")
     peer = equal_work[PEER]["sentences/s"]
