@@ -44,7 +44,8 @@ void quantize_rows(const float* x, int64_t rows, int64_t n, int8_t* p, float* r)
       r[m] = scale;
       int64_t j = 0;
       for (; j + Vec::size() <= n; j += Vec::size()) {
-        // integers within +-127, as floats, then as int8 in a few instructions
+        // integers within +-127, as floats, then narrowed to int8 a vector at a time (the
+        // conversion truncates and saturates, which leaves such integers as they are)
         at::vec::convert<int8_t>((Vec::loadu(row + j) / Vec(scale)).round()).store(q + j, Vec::size());
       }
       for (; j < n; ++j) q[j] = static_cast<int8_t>(std::nearbyint(row[j] / scale));
