@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data import DATASETS, candidates, prepare, test_text
 from bench.generation import GenerationRun, generation_batches, generation_options, model_scores, translate_in_turns
-from bench.machine import cpu_description, matmul_gflops, native_bf16
+from bench.machine import cpu_description, matmul_gflops, native_bf16, source_commit
 from bench.operators import count as count_operators
 from bench.models import (convs2s_criterion, convs2s_like, convs2s_task, fconv_copy, load_fconv, new_fconv,
                           translation_task)
@@ -414,8 +414,7 @@ def main(argv=None):
         results["selection"] = (f"--vocab-most-common {cfg.vocab_most_common} --vocab-top-aligned "
                                 f"{cfg.vocab_top_aligned} --vocab-rest-clusters {cfg.vocab_rest_clusters}")
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or None  # None outside a git checkout
+    commit = source_commit()
 
     def save():
         if args.json:

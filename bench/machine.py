@@ -1,6 +1,10 @@
-"""The machine's measured matrix-multiply throughput, to read results as a fraction of peak."""
+"""The machine's measured matrix-multiply throughput, to read results as a fraction of peak,
+and the commit a benchmark ran at."""
 import os
+import subprocess
 import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -38,3 +42,15 @@ def matmul_gflops(dtype=torch.float32, device="cpu", n=2048, seconds=1.0):
         sync()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
+
+
+def source_commit(repo=Path(__file__).resolve().parents[1]) -> Optional[str]:
+    """The checkout's short commit, with "+changes" where tracked files differ from it (the
+    figures are then not that commit's); None outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return None
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")

@@ -65,7 +65,7 @@ from convs2s_recipes.score import bleu as sacrebleu_score
 import fairseq_convs2s_ext
 from bench.data import cache_root, candidates, prepare, test_text
 from bench.generation import GenerationRun, generation_batches
-from bench.machine import cpu_description, matmul_gflops
+from bench.machine import cpu_description, matmul_gflops, source_commit
 from bench.models import convs2s_task, load_fconv, translation_task
 from bench.reference import data_fingerprint
 
@@ -442,8 +442,8 @@ def quality(args, data_bin):
 def print_table(as_trained, equal_work, machine, args):
     print(f"machine: {machine['cpu']}; torch.mm 2048^3 fp32 {machine['gflops']:.0f} GFLOP/s; {args.threads} threads; "
           f"load average {machine['load before']} before, {machine['load after']} after")
-    print(f"beam {args.beam}, batch {args.batch_size}, {machine['sentences']} sentences of test_2016_flickr; "
-          f"models trained {args.train_minutes:g} minutes each")
+    print(f"commit {machine['commit']}; beam {args.beam}, batch {args.batch_size}, {machine['sentences']} sentences "
+          f"of test_2016_flickr; models trained {args.train_minutes:g} minutes each")
     print()
     print(f"| as trained | sentences/s | x {PEER} | target tokens/s | sacreBLEU | int8 - float32, 95% interval |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -474,7 +474,7 @@ def main(argv=None):
     references = [test_text("de")[i] for i in ids]
     sentences = len(ids)
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
-               "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+               "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     log(f"translating {sentences} sentences with {len(SYSTEMS)} systems, {args.repeats} passes each")
     results = measure_each_alone(SYSTEMS, models, args, data_bin, sentences)
     as_trained, equal_work = results["as trained"], results["equal work"]

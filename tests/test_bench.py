@@ -19,6 +19,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from bench.benchmark import bleu_difference_interval
 from bench.generation import model_scores
+from bench.machine import source_commit
 from bench.reference import reference_checkpoint
 from conftest import DATA, ROOT
 from model_helpers import build, random_tokens, with_random_biases
@@ -115,3 +116,23 @@ def test_gpu_table_keeps_and_prints_what_a_time_limit_cut_short(tmp_path, capsys
     assert rows == {"wmt_en_ro, 4000 tokens, fp32": ["38,610", "(9.27)", "38,368", "(9.27)", "0.99x"],
                     "wmt_en_ro, 4000 tokens, fp16": ["45,097", "(9.77)", "-", "-"]}
     assert "NVIDIA H200" in table and "ours fp16 / ours fp32" not in table
+
+
+def test_source_commit_names_the_checkout_and_says_when_its_files_changed(tmp_path):
+    """What a benchmark's JSON and table give as the commit its figures are from."""
+    assert source_commit(tmp_path) is None  # not a git checkout
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("a = 1\n")
+    git("add", "model.py")
+    git("commit", "-q", "-m", "first")
+    head = git("rev-parse", "--short", "HEAD")
+    assert source_commit(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked\n")  # not part of the code measured
+    assert source_commit(tmp_path) == head
+    (tmp_path / "model.py").write_text("a = 2\n")
+    assert source_commit(tmp_path) == head + "+changes"
