@@ -198,8 +198,7 @@ class CTranslate2System:
         ``max_decoding_length`` without one (its hypotheses then end without ``</s>``); so
         CTranslate2 writes ``forced`` + 1 words. Tokens count the steps: as trained, a
         hypothesis's words and its ``</s>``, which CTranslate2 leaves out of the result."""
-        steps = forced + 1 if forced else None
-        lengths = dict(min_decoding_length=steps, max_decoding_length=steps) if forced else {
+        lengths = dict(min_decoding_length=forced + 1, max_decoding_length=forced + 1) if forced else {
             "max_decoding_length": 200}
         start = time.perf_counter()
         results = self.translator.translate_batch(self.sources, beam_size=self.args.beam, use_vmap=self.use_vmap,
