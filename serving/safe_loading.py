@@ -67,6 +67,30 @@ def load_program(path: str):
     return torch.export.load(path).module()
 
 
+def load_tensors(path: str, expected) -> dict:
+    """The tensors of a file ``torch.save`` wrote (``output.pt``), read by torch's
+    ``weights_only`` unpickler (tensors and plain containers: it refuses anything else, and
+    is never retried with the unsafe one), which must be a dict of exactly the ``expected``
+    names, each with its dtype and number of dimensions: ``{name: (dtype, dims)}``."""
+    try:
+        with warnings.catch_warnings():  # torch's remarks on a foreign pickle: the refusal says it
+            warnings.simplefilter("ignore")
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing: export the model again with convs2s-export") from None
+    except Exception as e:
+        _refuse(path, f"what torch's safe unpickler refuses ({type(e).__name__})")
+    if not isinstance(tensors, dict) or set(tensors) != set(expected):
+        names = sorted(tensors) if isinstance(tensors, dict) else type(tensors).__name__
+        raise ValueError(f"{path}: holds {names}, not the {sorted(expected)} convs2s-export writes: "
+                         "export the model again")
+    for name, (dtype, dims) in expected.items():
+        tensor = tensors[name]
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype or tensor.dim() != dims:
+            raise ValueError(f"{path}: {name} is not a {dims}-D {dtype} tensor: export the model again")
+    return tensors
+
+
 def check_archive(path: str) -> None:
     """Raise :class:`UnsafeArchive` unless ``path`` holds only what the module's docstring
     allows."""

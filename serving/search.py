@@ -57,6 +57,7 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     tokens[:, 0] = eos
     scores = torch.zeros(bsz * beam, max_len + 1)
     windows = [torch.zeros(bsz, 1, k, channels) for k, channels in model.windows]
+    logits = torch.empty(bsz * beam, model.vocabulary_size)  # every step's, in the same memory
     cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
     finished = [False] * bsz
@@ -68,10 +69,12 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     for step in range(max_len + 1):
         # the first step once per sentence: its hypotheses all hold eos alone
         last = tokens[::beam, step: step + 1] if step == 0 else tokens[:, step].view(bsz, beam)
-        logits, windows = model.step(last, step, windows, z, sources)
+        features, windows = model.step(last, step, windows, z, sources)
         if step == 0:
             windows = [w.expand(-1, beam, -1, -1) for w in windows]
-        lprobs, best_words = _local_log_probs(logits.view(-1, logits.size(-1)), nspecial, words_per_row)
+        features = features.reshape(-1, features.size(-1))
+        step_logits = model.logits(features, out=logits[: len(features)])
+        lprobs, best_words = _local_log_probs(step_logits, nspecial, words_per_row)
         words = torch.cat([specials.expand(lprobs.size(0), -1), best_words], dim=1)
         lprobs[:, pad] = -math.inf
         lprobs[:, unk] -= options.unkpen

@@ -8,7 +8,8 @@
     convs2s-serve exported/ < news.en > news.de                           # serving/cli.py
 
 What it needs: torch (the two programs are ``torch.export``'s, checked by
-:mod:`.safe_loading` before ``torch.export.load`` reads them), and for raw text the
+:mod:`.safe_loading` before ``torch.export.load`` reads them; W_o's tensors are read by
+torch's ``weights_only`` unpickler), and for raw text the
 package's tokenizer and BPE (sacremoses, subword-nmt). The search is :mod:`.search`,
 fairseq's; batches are sentences of similar length, as fairseq-generate and the hub make
 them.
@@ -20,10 +21,11 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import int8_linear, top_log_probs
-from .safe_loading import load_program
+from .safe_loading import load_program, load_tensors
 from .search import Hypothesis, SearchOptions, beam_search
 
-FORMAT = 1  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
+FORMAT = 2  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
+OUTPUT_LAYER = "output.pt"  # W_o's tensors: the step program returns the features it multiplies
 BPE_SEPARATOR = "@@"
 
 
@@ -62,6 +64,7 @@ class ExportedModel:
         self.max_source_positions = config["max_source_positions"]
         self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
         self.decoder_step = load_program(os.path.join(self.directory, "step.pt2"))
+        self.output_layer = self._output_layer(config.get("quantize") == "int8")
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
@@ -75,7 +78,34 @@ class ExportedModel:
         return self.encoder(src_tokens)
 
     def step(self, tokens, step: int, windows, z, sources):
+        """The features of the next word of each hypothesis, and the windows moved on."""
         return self.decoder_step(tokens, torch.tensor(step), windows, z, sources)
+
+    def logits(self, features: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """W_o times ``features`` (rows x embedding) plus its bias, written into ``out``
+        (rows x V, contiguous): the plugin's ``addmm`` in float32 (``OutputProjection``), its
+        int8 kernel for an int8 export."""
+        layer = self.output_layer
+        if "weight_int8" in layer:
+            return int8_linear.int8_linear(features, layer["weight_int8"].t(), layer["weight_scale"], layer["bias"],
+                                           out=out)
+        return torch.addmm(layer["bias"], features, layer["weight"].t(), out=out)
+
+    def _output_layer(self, int8: bool):
+        """``output.pt``'s W_o, checked against the vocabulary."""
+        path = os.path.join(self.directory, OUTPUT_LAYER)
+        matrix = {"weight_int8": (torch.int8, 2), "weight_scale": (torch.float32, 1)} if int8 else {
+            "weight": (torch.float32, 2)}
+        layer = load_tensors(path, {**matrix, "bias": (torch.float32, 1)})
+        weight = layer["weight_int8" if int8 else "weight"]
+        rows, width = self.vocabulary_size, self.config.get("output_features")
+        if any(len(t) != rows for t in layer.values()) or weight.size(1) != width:
+            raise ValueError(f"{path}: W_o is {len(weight)} x {weight.size(1)} where model.json gives {rows} words "
+                             f"x {width} features: export the model again")
+        if int8 and int(weight.abs().max()) > self.config.get("int8_weight_levels", 127):
+            raise ValueError(f"{path}: W_o's int8 weights reach beyond model.json's int8_weight_levels: "
+                             "export the model again")
+        return {name: tensor.contiguous() for name, tensor in layer.items()}
 
     def source_ids(self, words: Sequence[str]) -> List[int]:
         """fairseq's ``encode_line``: each word's id (``<unk>``'s where the source vocabulary

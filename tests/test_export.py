@@ -98,8 +98,11 @@ def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kern
     with zipfile.ZipFile(folder / "step.pt2") as archive:
         program = next(n for n in archive.namelist() if n.endswith("models/model.json"))
         targets = [node["target"] for node in json.loads(archive.read(program))["graph_module"]["graph"]["nodes"]]
-    assert targets.count("torch.ops.convs2s.int8_linear.default") >= 4  # fc1, the convolutions, W_o
+    assert targets.count("torch.ops.convs2s.int8_linear.default") >= 3  # fc1, the convolutions
     assert "torch.ops.aten.linear.default" not in targets
+    output_layer = torch.load(folder / "output.pt", weights_only=True)  # W_o, which the runtime multiplies
+    assert sorted(output_layer) == ["bias", "weight_int8", "weight_scale"]
+    assert output_layer["weight_int8"].dtype == torch.int8
 
     task, models, batches, generation = prepared_for_generation(prepared / "bin", checkpoint, "--beam", 5,
                                                                 "--quantize", "int8")
@@ -160,8 +163,10 @@ def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_p
 
 
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",
-                                     "zero beam"])
+                                     "zero beam", "no output layer", "another output layer"])
 def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
+    from convs2s_serving.translator import FORMAT
+
     _, _, folder = exported
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     write_lines(source, ["A dog runs."])
@@ -172,8 +177,14 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     elif problem in ("newer format", "damaged json"):
         text = (folder / "model.json").read_text()
         folder = linked_copy(folder, tmp_path / "copy", "model.json")
-        (folder / "model.json").write_text(text.replace('"format": 1', '"format": 99') if problem == "newer format"
-                                           else text[: len(text) // 2])
+        (folder / "model.json").write_text(text.replace(f'"format": {FORMAT}', '"format": 99')
+                                           if problem == "newer format" else text[: len(text) // 2])
+    elif problem == "no output layer":  # as a folder of the format before W_o left the step program
+        folder = linked_copy(folder, tmp_path / "copy", "output.pt")
+    elif problem == "another output layer":
+        layer = torch.load(folder / "output.pt", weights_only=True)
+        folder = linked_copy(folder, tmp_path / "copy", "output.pt")
+        torch.save({**layer, "bias": layer["bias"][:-1]}, folder / "output.pt")
     elif problem == "not utf-8":
         source.write_bytes("Caf\xe9\n".encode("latin-1"))
     options = ["--beam", "0"] if problem == "zero beam" else []
@@ -183,7 +194,8 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
     named = {"no folder": str(folder), "not exported": "convs2s-export", "newer format": "convs2s-export",
-             "damaged json": str(folder / "model.json"), "not utf-8": str(source), "zero beam": "--beam"}
+             "damaged json": str(folder / "model.json"), "not utf-8": str(source), "zero beam": "--beam",
+             "no output layer": f"{folder / 'output.pt'}: missing", "another output layer": str(folder / "output.pt")}
     assert named[problem] in lines[0]
     assert not out.exists()
 
@@ -294,6 +306,43 @@ def test_a_hostile_archive_is_refused_before_torch_reads_it(exported, tmp_path, 
     with pytest.raises(UnsafeArchive, match=f"^{copy / 'step.pt2'}: holds .*: not loaded"):
         ExportedModel(copy)
     assert not marker.exists()
+
+
+def test_a_hostile_output_layer_is_refused_and_never_run(exported, tmp_path):
+    """``output.pt`` (W_o's tensors) is read by torch's weights_only unpickler alone: a pickle
+    that would run code is refused, naming the file, and the code never runs."""
+    import pickle
+
+    from convs2s_serving import ExportedModel
+    from convs2s_serving.safe_loading import UnsafeArchive
+
+    _, _, folder = exported
+    copy, marker = linked_copy(folder, tmp_path / "hostile", "output.pt"), tmp_path / "ran"
+    (copy / "output.pt").write_bytes(pickle.dumps({"weight": RunsCode(marker)}))
+    with pytest.raises(UnsafeArchive, match=f"^{copy / 'output.pt'}: holds what torch's safe unpickler refuses"):
+        ExportedModel(copy)
+    assert not marker.exists()
+    # torch.load without weights_only would have run it
+    subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(copy / 'output.pt')!r}, weights_only=False)"],
+                   capture_output=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT)
+    assert marker.exists()
+
+
+def test_every_step_of_a_batch_writes_its_logits_into_the_same_memory(exported):
+    """The step program returns features; W_o multiplies them into one logits tensor a
+    batch, so that no step touches fresh memory (the module's docstring of export says what
+    that cost)."""
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+
+    prepared, checkpoint, folder = exported
+    _, _, batches, _ = prepared_for_generation(prepared / "bin", checkpoint)
+    model = ExportedModel(folder)
+    written = []
+    logits = model.logits
+    model.logits = lambda features, out: written.append(out.data_ptr()) or logits(features, out)
+    with torch.inference_mode():
+        beam_search(model, batches[0]["net_input"]["src_tokens"], SearchOptions(beam=5, min_len=4, max_len_b=6))
+    assert len(written) >= 5 and set(written) == {written[0]}  # steps 0 to 4 at least (--min-len 4)
 
 
 def test_convs2s_serve_refuses_a_hostile_folder_in_one_line(exported, tmp_path):

@@ -7,9 +7,15 @@
   ending with eos) to what every decoder step reads of them;
 - ``step.pt2``: :class:`IncrementalStep`, one decoder step of M hypotheses for each of B
   sentences, from the last word of each hypothesis and the windows of the last k inputs
-  of each convolution, to the logits of the next word and the new windows;
+  of each convolution, to the features W_o multiplies and the new windows;
+- ``output.pt``: W_o's weights and bias (:func:`output_layer`), which the runtime multiplies
+  the features by into a logits tensor of its own, reused at every step of a batch. Inside
+  the program W_o's product was a new hypotheses x V tensor at each call, fresh memory whose
+  first touch took its int8 product from 3.6 to 6.5 ms a step (the benchmark's 640 x 256 ->
+  9792, 2 threads, Intel Xeon with VNNI), as it had the plugin's (``reuse_logits``);
 - ``model.json``: both vocabularies, the special symbols' ids, the windows' shapes, the
-  longest input and output the positions allow, and the languages;
+  width of the step's features, the longest input and output the positions allow, and the
+  languages;
 - ``bpe.codes``: the BPE codes the model's data was segmented with, where there are some.
 
 The programs are the plugin's own modules traced by ``torch.export`` after
@@ -44,7 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from convs2s_preprocess.runtime.atomic import atomic_outputs
 from convs2s_serving.safe_loading import check_archive
-from convs2s_serving.translator import FORMAT
+from convs2s_serving.translator import FORMAT, OUTPUT_LAYER
 
 from ..modules.multistep_attention import ProjectedSource
 from ..modules.scaling import scaled_sum
@@ -74,9 +80,9 @@ class IncrementalStep(nn.Module):
     each hypothesis) at position ``step`` (from 0, a 0-d tensor). ``windows``: for each
     convolution wider than 1, the last k inputs of each hypothesis (sentences x hypotheses
     x k x channels, zeros before the first word); ``z`` and ``sources``: what
-    :class:`SourceEncoding` returned for the sentences. Returns the logits of the next word
-    (sentences x hypotheses x V; the search takes their log_softmax) and the windows moved
-    on by one input."""
+    :class:`SourceEncoding` returned for the sentences. Returns the features W_o multiplies
+    into the logits of the next word (sentences x hypotheses x embedding: the runtime
+    multiplies them by :func:`output_layer`) and the windows moved on by one input."""
 
     def __init__(self, model):
         super().__init__()
@@ -109,11 +115,24 @@ class IncrementalStep(nn.Module):
                 x, _ = attention(x, g, encoder_out, source)
                 attending += 1
             x = scaled_sum(x, residual)
-        return decoder.output_projection(decoder.fc2(x)), moved
+        return decoder.fc2(x), moved
 
 
 # where the source positions are in each of a layer's projected sources
 SOURCE_POSITIONS = ProjectedSource(embedding_keys=2, keys=2, key_bias=2, values=1)
+
+
+def output_layer(model):
+    """W_o's tensors, as ``output.pt`` holds them: ``weight`` (V x embedding) and ``bias``
+    (V) in float32; for a model quantized to int8, ``weight_int8`` and ``weight_scale`` (per
+    word) instead of ``weight`` (fc2 folded in where generation folds it)."""
+    projection = model.decoder.output_projection
+    tensors = {"bias": projection.bias.detach().clone()}
+    if isinstance(projection, Int8Weights):
+        tensors.update(weight_int8=projection.weight_int8.clone(), weight_scale=projection.weight_scale.clone())
+    else:
+        tensors["weight"] = projection.weight.detach().contiguous().clone()
+    return tensors
 
 
 def window_shapes(model):
@@ -173,6 +192,7 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         "max_source_positions": model.encoder.max_positions(),
         "source_lang": languages[0], "target_lang": languages[1], "romanian": romanian,
         "source_symbols": list(src_dict.symbols), "target_symbols": list(tgt_dict.symbols),
+        "output_features": model.decoder.output_projection.in_features,  # the step's features, W_o's input
         "quantize": "int8" if int8 else "none",
     }
     if int8:  # 127, or 63 if quantized on a CPU without VNNI: a CPU serving it must sum these exactly
@@ -182,6 +202,7 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
         for name, program in (("encoder.pt2", encoder), ("step.pt2", step)):
             torch.export.save(program, os.path.join(temp, name))
             check_archive(os.path.join(temp, name))  # what convs2s-serve will accept, or no folder
+        torch.save(output_layer(model), os.path.join(temp, OUTPUT_LAYER))
         if bpe_codes:
             shutil.copyfile(bpe_codes, os.path.join(temp, "bpe.codes"))
         with open(os.path.join(temp, "model.json"), "w", encoding="utf-8") as f:
