@@ -179,7 +179,7 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
         folder = linked_copy(folder, tmp_path / "copy", "model.json")
         (folder / "model.json").write_text(text.replace(f'"format": {FORMAT}', '"format": 99')
                                            if problem == "newer format" else text[: len(text) // 2])
-    elif problem == "no output layer":  # as a folder of the format before W_o left the step program
+    elif problem == "no output layer":  # a folder copied in part
         folder = linked_copy(folder, tmp_path / "copy", "output.pt")
     elif problem == "another output layer":
         layer = torch.load(folder / "output.pt", weights_only=True)
