@@ -193,6 +193,43 @@ def test_a_beam_search_keeps_one_copy_of_each_sentence_s_own_rows():
     assert_each_sentence_scores_its_words(logits, full, candidates[[0, 2]], beam)
 
 
+@pytest.mark.parametrize("quantized", [False, True], ids=["float32", "int8"])
+@pytest.mark.parametrize("per_sentence", [False, True], ids=["the batch's candidates", "each sentence's"])
+def test_a_beam_search_writes_every_step_s_logits_over_candidates_into_the_same_memory(per_sentence, quantized):
+    """With ``reuse_logits`` (the lean step's), a step's logits over the candidates, and the
+    product of the columns every sentence shares, are written over the last step's: no new
+    tensors of logits each step (fresh memory, whose first touch costs time); the same
+    numbers as new tensors get."""
+    from fairseq_convs2s_ext.generation.quantization import quantize_
+
+    torch.manual_seed(0)
+    model, d = build(vocab=60)
+    with_random_biases(model)
+    model.eval()
+    if quantized:
+        quantize_([model])
+    shared = torch.arange(d.nspecial + 5)
+    if per_sentence:
+        own = [[20, 30], [21, 31, 41], [22, 32, 42, 52]]
+        candidates = torch.full((3, len(shared) + 4), NO_WORD)
+        for b in range(3):
+            candidates[b, : len(shared) + len(own[b])] = torch.cat([shared, torch.tensor(own[b])])
+    else:
+        candidates = torch.cat([shared, torch.tensor([20, 30, 45, 50])])
+    beam, src = 2, random_tokens(d, 3, 5)
+    encoder_out = encoder_out_of(model, src, beam)
+    reused_state, new_state, written = {}, {}, []
+    prev = torch.full((3 * beam, 1), d.eos())
+    with torch.no_grad():
+        for _ in range(3):
+            logits, _ = model.decoder(prev, encoder_out, reused_state, candidates=candidates, reuse_logits=True)
+            expected, _ = model.decoder(prev, encoder_out, new_state, candidates=candidates)
+            assert torch.equal(logits, expected)
+            written.append(logits)  # kept: a step may not write into memory a tensor still holds
+            prev = torch.cat([prev, torch.randint(d.nspecial, len(d), (3 * beam, 1))], dim=1)
+    assert len({logits.data_ptr() for logits in written}) == 1
+
+
 def test_a_beam_search_s_first_step_is_computed_once_per_sentence():
     """At a beam search's first step every hypothesis of a sentence has the same prefix:
     the decoder computes one row per sentence and copies it, logits, attention and

@@ -168,7 +168,7 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
     def own_product(self, rows, by_sentence):
         return int8_rows_by_sentence(rows.own_weight, rows.own_scale, rows.own_bias, by_sentence)
 
-    def rows_product(self, features, weight, bias, incremental_state):
+    def rows_product(self, features, weight, bias, incremental_state, out=None):
         quantized = None
         if incremental_state is not None:
             quantized = self.get_incremental_state(incremental_state, "int8_rows")
@@ -177,17 +177,14 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
             if incremental_state is not None:  # the rows are gathered once a batch: so are these
                 self.set_incremental_state(incremental_state, "int8_rows", quantized)
         q, scale = quantized
-        return int8_linear(features, q.t(), scale, bias)
+        return int8_linear(features, q.t(), scale, bias, out)
 
     def every_word(self, features, incremental_state, reuse_logits):
         if not reuse_logits or incremental_state is None:
             return self.int8_forward(features)
         positions = features.size(0) * features.size(1)
-        logits = self.get_incremental_state(incremental_state, "logits")
-        if logits is None or logits.size(0) < positions:
-            logits = features.new_empty(positions, self.out_features)
-            self.set_incremental_state(incremental_state, "logits", logits)
-        return self.int8_forward(features, out=logits[:positions]).view(*features.shape[:2], -1)
+        logits = self.step_logits(incremental_state, "logits", positions, self.out_features)
+        return self.int8_forward(features, out=logits).view(*features.shape[:2], -1)
 
     def fold_(self, linear):
         """fc2 folded in (in float32, :meth:`OutputProjection.fold_`), then quantized again."""

@@ -97,18 +97,27 @@ class OutputProjection(nn.Linear):
         lean beam step is): the whole vocabulary's logits are written into one tensor kept in
         the incremental state, overwritten at every step, instead of a new hypotheses x V
         tensor each step, fresh memory from the system whose first touch costs time of its
-        own (bench/README.md as of 86165d7~, "What each lever bought"). The values are ``F.linear``'s (this
-        ``addmm``). Features in another dtype than the layer's (under autocast) go through
-        ``F.linear``, which casts. (The dtype is read from b_o: W_o, when weight normalized,
+        own (bench/README.md as of 86165d7~, "What each lever bought"); with candidates, so are
+        their logits and the product of the shared columns (:meth:`step_logits`). The values
+        are ``F.linear``'s (this ``addmm``). Features in another dtype than the layer's (under
+        autocast) go through ``F.linear``, which casts. (The dtype is read from b_o: W_o, when weight normalized,
         is recomputed at each read.)"""
         if candidates is None:
             return self.every_word(features, incremental_state, reuse_logits)
+        reuse = reuse_logits and incremental_state is not None and features.dtype == self.bias.dtype
+        positions = features.size(0) * features.size(1)
+
+        def kept(name, columns):  # a step's tensor of logits, reused (or None: a new one)
+            return self.step_logits(incremental_state, name, positions, columns) if reuse else None
+
         rows = self.get_incremental_state(incremental_state, "candidate_rows")
         if rows is None:
             rows = self.gather_rows(candidates, features.size(0), incremental_state)
         if isinstance(rows, BatchRows):
-            return self.rows_product(features, rows.weight, rows.bias, incremental_state)
-        logits = self.rows_product(features, rows.shared_weight, rows.shared_bias, incremental_state)
+            return self.rows_product(features, rows.weight, rows.bias, incremental_state,
+                                     kept("logits", len(rows.bias)))
+        logits = self.rows_product(features, rows.shared_weight, rows.shared_bias, incremental_state,
+                                   kept("shared_logits", len(rows.shared_bias)))
         hypotheses, steps, channels = features.shape
         sentences = rows.own_weight.size(0)
         by_sentence_logits = logits.view(sentences, -1, logits.size(-1))
@@ -121,7 +130,12 @@ class OutputProjection(nn.Linear):
             return logits
         own = self.own_product(rows, features.reshape(sentences, -1, channels))
         parts = [by_sentence_logits[..., :words], own, by_sentence_logits[..., words:]]
-        return torch.cat(parts, dim=-1).view(hypotheses, steps, -1)
+        selected = kept("logits", sum(part.size(-1) for part in parts))
+        if selected is not None:
+            selected = torch.cat(parts, dim=-1, out=selected.view(sentences, -1, selected.size(-1)))
+        else:
+            selected = torch.cat(parts, dim=-1)
+        return selected.view(hypotheses, steps, -1)
 
     def own_product(self, rows: "SentenceRows", by_sentence: torch.Tensor) -> torch.Tensor:
         """The logits of each sentence's own words: sentences x hypotheses x own words, from
@@ -130,22 +144,33 @@ class OutputProjection(nn.Linear):
         # hypotheses times the rows' transpose (bench/README.md as of 86165d7~, "What each lever bought")
         return torch.baddbmm(rows.own_bias.unsqueeze(2), rows.own_weight, by_sentence.transpose(1, 2)).transpose(1, 2)
 
-    def rows_product(self, features, weight, bias, incremental_state):
+    def rows_product(self, features, weight, bias, incremental_state, out=None):
         """``features`` times gathered rows of W_o (``weight``, ``bias``: the batch's
-        candidates, or the columns shared by every sentence), as a linear layer."""
-        return F.linear(features, weight, bias)
+        candidates, or the columns shared by every sentence), as a linear layer; into ``out``
+        (positions x rows, :meth:`step_logits`) if given."""
+        if out is None:
+            return F.linear(features, weight, bias)
+        torch.addmm(bias, features.reshape(len(out), -1), weight.t(), out=out)
+        return out.view(*features.shape[:2], -1)
 
     def every_word(self, features, incremental_state, reuse_logits):
         """The logits of the whole vocabulary (see :meth:`forward` for ``reuse_logits``)."""
         if not reuse_logits or incremental_state is None or features.dtype != self.bias.dtype:
             return super().forward(features)
         positions = features.size(0) * features.size(1)
-        logits = self.get_incremental_state(incremental_state, "logits")
-        if logits is None or logits.size(0) < positions:
-            logits = features.new_empty(positions, self.out_features)
-            self.set_incremental_state(incremental_state, "logits", logits)
-        torch.addmm(self.bias, features.reshape(positions, -1), self.weight.t(), out=logits[:positions])
-        return logits[:positions].view(*features.shape[:2], -1)
+        logits = self.step_logits(incremental_state, "logits", positions, self.out_features)
+        torch.addmm(self.bias, features.reshape(positions, -1), self.weight.t(), out=logits)
+        return logits.view(*features.shape[:2], -1)
+
+    def step_logits(self, incremental_state, name: str, rows: int, columns: int) -> torch.Tensor:
+        """A rows x columns tensor in the layer's dtype, kept in the incremental state under
+        ``name`` and written over at every step (``reuse_logits``); grown where a step needs
+        more, as a batch's first steps do (the first has a row a sentence)."""
+        memory = self.get_incremental_state(incremental_state, name)
+        if memory is None or memory.numel() < rows * columns:
+            memory = self.bias.new_empty(rows * columns)
+            self.set_incremental_state(incremental_state, name, memory)
+        return memory[: rows * columns].view(rows, columns)
 
     def gather_rows(self, candidates, hypotheses: int, incremental_state=None):
         """The rows of W_o and b_o that :meth:`forward` reads for ``candidates`` and
