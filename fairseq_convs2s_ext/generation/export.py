@@ -127,11 +127,11 @@ def output_layer(model):
     (V) in float32; for a model quantized to int8, ``weight_int8`` and ``weight_scale`` (per
     word) instead of ``weight`` (fc2 folded in where generation folds it)."""
     projection = model.decoder.output_projection
-    tensors = {"bias": projection.bias.detach().clone()}
+    tensors = {"bias": projection.bias.detach()}
     if isinstance(projection, Int8Weights):
-        tensors.update(weight_int8=projection.weight_int8.clone(), weight_scale=projection.weight_scale.clone())
+        tensors.update(weight_int8=projection.weight_int8, weight_scale=projection.weight_scale)
     else:
-        tensors["weight"] = projection.weight.detach().contiguous().clone()
+        tensors["weight"] = projection.weight.detach()
     return tensors
 
 

@@ -180,10 +180,9 @@ class Int8OutputProjection(Int8Weights, OutputProjection):
         return int8_linear(features, q.t(), scale, bias, out)
 
     def every_word(self, features, incremental_state, reuse_logits):
-        if not reuse_logits or incremental_state is None:
+        logits = self.step_logits(features, incremental_state, reuse_logits, "logits", self.out_features)
+        if logits is None:
             return self.int8_forward(features)
-        positions = features.size(0) * features.size(1)
-        logits = self.step_logits(incremental_state, "logits", positions, self.out_features)
         return self.int8_forward(features, out=logits).view(*features.shape[:2], -1)
 
     def fold_(self, linear):

@@ -100,24 +100,18 @@ class OutputProjection(nn.Linear):
         own (bench/README.md as of 86165d7~, "What each lever bought"); with candidates, so are
         their logits and the product of the shared columns (:meth:`step_logits`). The values
         are ``F.linear``'s (this ``addmm``). Features in another dtype than the layer's (under
-        autocast) go through ``F.linear``, which casts. (The dtype is read from b_o: W_o, when weight normalized,
-        is recomputed at each read.)"""
+        autocast) go through ``F.linear``, which casts. (The dtype is read from b_o: W_o, when
+        weight normalized, is recomputed at each read.)"""
         if candidates is None:
             return self.every_word(features, incremental_state, reuse_logits)
-        reuse = reuse_logits and incremental_state is not None and features.dtype == self.bias.dtype
-        positions = features.size(0) * features.size(1)
-
-        def kept(name, columns):  # a step's tensor of logits, reused (or None: a new one)
-            return self.step_logits(incremental_state, name, positions, columns) if reuse else None
-
         rows = self.get_incremental_state(incremental_state, "candidate_rows")
         if rows is None:
             rows = self.gather_rows(candidates, features.size(0), incremental_state)
         if isinstance(rows, BatchRows):
-            return self.rows_product(features, rows.weight, rows.bias, incremental_state,
-                                     kept("logits", len(rows.bias)))
-        logits = self.rows_product(features, rows.shared_weight, rows.shared_bias, incremental_state,
-                                   kept("shared_logits", len(rows.shared_bias)))
+            out = self.step_logits(features, incremental_state, reuse_logits, "logits", len(rows.bias))
+            return self.rows_product(features, rows.weight, rows.bias, incremental_state, out)
+        out = self.step_logits(features, incremental_state, reuse_logits, "shared_logits", len(rows.shared_bias))
+        logits = self.rows_product(features, rows.shared_weight, rows.shared_bias, incremental_state, out)
         hypotheses, steps, channels = features.shape
         sentences = rows.own_weight.size(0)
         by_sentence_logits = logits.view(sentences, -1, logits.size(-1))
@@ -130,12 +124,10 @@ class OutputProjection(nn.Linear):
             return logits
         own = self.own_product(rows, features.reshape(sentences, -1, channels))
         parts = [by_sentence_logits[..., :words], own, by_sentence_logits[..., words:]]
-        selected = kept("logits", sum(part.size(-1) for part in parts))
-        if selected is not None:
-            selected = torch.cat(parts, dim=-1, out=selected.view(sentences, -1, selected.size(-1)))
-        else:
-            selected = torch.cat(parts, dim=-1)
-        return selected.view(hypotheses, steps, -1)
+        columns = sum(part.size(-1) for part in parts)
+        out = self.step_logits(features, incremental_state, reuse_logits, "logits", columns)
+        out = None if out is None else out.view(sentences, -1, columns)
+        return torch.cat(parts, dim=-1, out=out).view(hypotheses, steps, -1)
 
     def own_product(self, rows: "SentenceRows", by_sentence: torch.Tensor) -> torch.Tensor:
         """The logits of each sentence's own words: sentences x hypotheses x own words, from
@@ -155,17 +147,22 @@ class OutputProjection(nn.Linear):
 
     def every_word(self, features, incremental_state, reuse_logits):
         """The logits of the whole vocabulary (see :meth:`forward` for ``reuse_logits``)."""
-        if not reuse_logits or incremental_state is None or features.dtype != self.bias.dtype:
+        logits = self.step_logits(features, incremental_state, reuse_logits, "logits", self.out_features)
+        if logits is None:
             return super().forward(features)
-        positions = features.size(0) * features.size(1)
-        logits = self.step_logits(incremental_state, "logits", positions, self.out_features)
-        torch.addmm(self.bias, features.reshape(positions, -1), self.weight.t(), out=logits)
+        torch.addmm(self.bias, features.reshape(len(logits), -1), self.weight.t(), out=logits)
         return logits.view(*features.shape[:2], -1)
 
-    def step_logits(self, incremental_state, name: str, rows: int, columns: int) -> torch.Tensor:
-        """A rows x columns tensor in the layer's dtype, kept in the incremental state under
-        ``name`` and written over at every step (``reuse_logits``); grown where a step needs
-        more, as a batch's first steps do (the first has a row a sentence)."""
+    def step_logits(self, features, incremental_state, reuse_logits: bool, name: str,
+                    columns: int) -> Optional[torch.Tensor]:
+        """A tensor for a step's logits (a row a position of ``features``, ``columns``
+        columns), kept in the incremental state under ``name`` and written over at every step
+        (``reuse_logits``); grown where a step needs more, as a batch's first steps do (the
+        first has a row a sentence). None where a step's logits are new tensors: without
+        ``reuse_logits`` or an incremental state, or for features in another dtype."""
+        if not reuse_logits or incremental_state is None or features.dtype != self.bias.dtype:
+            return None
+        rows = features.size(0) * features.size(1)
         memory = self.get_incremental_state(incremental_state, name)
         if memory is None or memory.numel() < rows * columns:
             memory = self.bias.new_empty(rows * columns)
