@@ -24,9 +24,9 @@ BPE 10k, bench/data.py) for the same wall time (``--train-minutes``, fairseq's
 The Transformer is converted by CTranslate2's fairseq converter to float32 and int8.
 
 **The runs.** All 1000 sentences of test_2016_flickr (BPE as prepared), beam 5, batches of 128
-sentences (CTranslate2's ``max_batch_size``), ``--threads`` threads (CTranslate2's
-``intra_threads``, one translator), each system in a process of its own, the systems taking
-turns to translate the whole set, ``--repeats`` times, each system's best time counting: CTranslate2 float32 and int8; fairseq's
+sentences (CTranslate2's ``max_batch_size``), ``--threads`` threads, each system in a process
+of its own, the systems taking turns to translate the whole set, ``--repeats`` times, each
+system's best time counting: CTranslate2 float32 and int8; fairseq's
 SequenceGenerator (what fairseq-generate runs, through ``task.inference_step``) over the
 Transformer, fconv, ours float32 and ours int8 (``--quantize int8``); and with the target
 vocabulary narrowed by the same alignment candidates (bench.data's, ``convs2s-align-dict
@@ -43,8 +43,19 @@ words a source word): CTranslate2 int8 with a vocabulary map made from them
   takes no step for ``</s>`` at its ``max_decoding_length``, ``--forced-length`` + 1 words
   (its ``min_decoding_length`` and ``max_decoding_length``).
 
-Ratios are against CTranslate2 int8; the machine (bench/machine.py) is printed beside the
-table. Run it alone on the machine (bench/README.md).
+**CTranslate2's threads.** ``--threads`` threads are CTranslate2's ``inter_threads`` (translators
+working on batches of their own, side by side) times ``intra_threads`` (threads a translator).
+Its systems take a translator a thread (as the example of CTranslate2's documentation on
+parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the batches of one
+``translate_batch`` call go to the translators side by side); "CTranslate2 int8, one translator" is the same
+int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
+work, a translator a thread translated 1.2-1.35x as many sentences a second as one translator
+of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which has no translators of its
+own, gained 2-5% from two processes of one thread each). The systems of fairseq (ours among
+them) run one process of ``--threads`` threads.
+
+Ratios are against CTranslate2 int8 (a translator a thread); the machine (bench/machine.py) is
+printed beside the table. Run it alone on the machine (bench/README.md).
 """
 import argparse
 import hashlib
@@ -93,6 +104,7 @@ FCONV_RECIPE = ["--arch", "fconv_iwslt_de_en", "--dropout", "0.2", *short_budget
 OURS_RECIPE = ["--arch", "convs2s_iwslt_de_en", "--task", "convs2s_translation", "--dropout", "0.2",
                *short_budget("convs2s_cross_entropy")]
 PEER = "CTranslate2 int8"
+ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the peer takes a translator a thread
 
 
 def parse_args(argv=None):
@@ -185,12 +197,16 @@ def detokenized(bpe_text):
 class CTranslate2System:
     """One CTranslate2 translator, ``compute_type`` as converted, on the BPE'd source lines."""
 
-    def __init__(self, name, model_dir, compute_type, args, sources, use_vmap=False):
+    def __init__(self, name, model_dir, compute_type, args, sources, use_vmap=False, translators=None):
+        """``translators`` of ``args.threads // translators`` threads each; by default a
+        translator a thread (the module's "CTranslate2's threads")."""
         import ctranslate2
 
         self.name, self.args, self.sources, self.use_vmap = name, args, sources, use_vmap
+        translators = translators or args.threads
         self.translator = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
-                                                 inter_threads=1, intra_threads=args.threads)
+                                                 inter_threads=translators,
+                                                 intra_threads=max(1, args.threads // translators))
 
     def translate(self, forced):
         """At equal work, as many decoder steps as fairseq's generator takes: it writes
@@ -297,8 +313,8 @@ class Models:
     vmap: Optional[Path]
 
 
-SYSTEMS = ("CTranslate2 float32", PEER, "fairseq, Transformer", "fconv", "ours float32", "ours int8",
-           f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
+SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", "fconv", "ours float32",
+           "ours int8", f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
            "ours exported, int8")
 
 
@@ -322,7 +338,8 @@ def build_system(name, models, args, data_bin):
         quantization = "float32" if name.endswith("float32") else "int8"
         vmap = models.vmap if name.endswith("vocabulary map") else None
         return CTranslate2System(name, converted(models.transformer, data_bin, quantization, vmap), quantization,
-                                 args, sources, use_vmap=vmap is not None)
+                                 args, sources, use_vmap=vmap is not None,
+                                 translators=1 if name == ONE_TRANSLATOR else None)
     if name == "fairseq, Transformer":
         return FairseqSystem(name, fairseq_model(models.transformer, task), task, args, batches)
     if name == "fconv":

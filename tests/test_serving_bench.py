@@ -14,8 +14,8 @@ pytest.importorskip("ctranslate2", reason="bench.serving's peer: pip install ctr
 
 from bench.generation import generation_batches  # noqa: E402
 from bench.models import convs2s_task, translation_task  # noqa: E402
-from bench.serving import (PEER, CTranslate2System, ExportedSystem, FairseqSystem, converted,  # noqa: E402
-                           detokenized, vocabulary_map)
+from bench.serving import (ONE_TRANSLATOR, PEER, CTranslate2System, ExportedSystem, FairseqSystem,  # noqa: E402
+                           converted, detokenized, vocabulary_map)
 from convs2s_preprocess.stages.align import build_align_dict, find_aligner  # noqa: E402
 from cli_helpers import run  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
@@ -90,6 +90,23 @@ def test_every_system_translates_every_sentence_and_forced_length_is_equal_work(
         assert len(as_trained) == len(ids) and all(isinstance(detokenized(t), str) for t in as_trained), system.name
         translations[system.name] = text, as_trained, tokens
     assert translations["ours exported"] == translations["ours float32"]  # torch alone, the plugin's hypotheses
+
+
+def test_ctranslate2_takes_a_translator_a_thread_and_the_split_changes_no_translation(models):
+    """The peer's --threads are translators of one thread each, the one-translator row one
+    translator of all of them (bench.serving's "CTranslate2's threads"); both translate alike."""
+    data_bin, transformer, _ = models
+    task = translation_task(data_bin)
+    ids = sorted(i for batch in generation_batches(task, 8) for i in batch["id"].tolist())
+    lines = (data_bin / "test.en-de.en").read_text(encoding="utf-8").splitlines()
+    sources = [lines[i].split() for i in ids]
+    two_threads = argparse.Namespace(beam=5, batch_size=8, threads=2)
+    model_dir = converted(transformer, data_bin, "int8")
+    peer = CTranslate2System(PEER, model_dir, "int8", two_threads, sources)
+    one = CTranslate2System(ONE_TRANSLATOR, model_dir, "int8", two_threads, sources, translators=1)
+    assert (peer.translator.num_translators, one.translator.num_translators) == (2, 1)
+    for forced in (FORCED, None):
+        assert peer.translate(forced)[1:] == one.translate(forced)[1:], forced
 
 
 def test_detokenized_removes_bpe_and_moses_tokenization():
