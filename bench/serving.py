@@ -51,8 +51,8 @@ parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the bat
 int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
 work, a translator a thread translated 1.2-1.35x as many sentences a second as one translator
 of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which has no translators of its
-own, gained 2-5% from two processes of one thread each). The systems of fairseq (ours among
-them) run one process of ``--threads`` threads.
+own, would gain 5-15% from two processes of one thread each: docs/performance.md). The systems
+of fairseq (ours among them) run one process of ``--threads`` threads.
 
 Ratios are against CTranslate2 int8 (a translator a thread); the machine (bench/machine.py) is
 printed beside the table. Run it alone on the machine (bench/README.md).
