@@ -47,8 +47,8 @@ words a source word): CTranslate2 int8 with a vocabulary map made from them
 working on batches of their own, side by side) times ``intra_threads`` (threads a translator).
 Its systems take a translator a thread (as the example of CTranslate2's documentation on
 parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the batches of one
-``translate_batch`` call go to the translators side by side); "CTranslate2 int8, one translator" is the same
-int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
+``translate_batch`` call go to the translators side by side); "CTranslate2 int8, one
+translator" is the same int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
 work, a translator a thread translated 1.2-1.35x as many sentences a second as one translator
 of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which has no translators of its
 own, would gain 5-15% from two processes of one thread each: docs/performance.md). The systems
@@ -195,7 +195,8 @@ def detokenized(bpe_text):
 
 
 class CTranslate2System:
-    """One CTranslate2 translator, ``compute_type`` as converted, on the BPE'd source lines."""
+    """A CTranslate2 ``Translator`` (its translators side by side), ``compute_type`` as
+    converted, on the BPE'd source lines."""
 
     def __init__(self, name, model_dir, compute_type, args, sources, use_vmap=False, translators=None):
         """``translators`` of ``args.threads // translators`` threads each; by default a
