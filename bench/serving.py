@@ -49,7 +49,7 @@ Its systems take a translator a thread (as the example of CTranslate2's document
 parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the batches of one
 ``translate_batch`` call go to the translators side by side); "CTranslate2 int8, one
 translator" is the same int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
-work, a translator a thread translated 1.2-1.35x as many sentences a second as one translator
+work, a translator a thread translated 1.2-1.4x as many sentences a second as one translator
 of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which has no translators of its
 own, would gain 5-15% from two processes of one thread each: docs/performance.md). The systems
 of fairseq (ours among them) run one process of ``--threads`` threads.
