@@ -43,16 +43,17 @@ words a source word): CTranslate2 int8 with a vocabulary map made from them
   takes no step for ``</s>`` at its ``max_decoding_length``, ``--forced-length`` + 1 words
   (its ``min_decoding_length`` and ``max_decoding_length``).
 
-**CTranslate2's threads.** ``--threads`` threads are CTranslate2's ``inter_threads`` (translators
-working on batches of their own, side by side) times ``intra_threads`` (threads a translator).
-Its systems take a translator a thread (as the example of CTranslate2's documentation on
-parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the batches of one
-``translate_batch`` call go to the translators side by side); "CTranslate2 int8, one
-translator" is the same int8 model with one translator of ``--threads`` threads, as a row. On 2 cores, int8, at equal
-work, a translator a thread translated 1.2-1.4x as many sentences a second as one translator
-of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which has no translators of its
-own, would gain 5-15% from two processes of one thread each: docs/performance.md). The systems
-of fairseq (ours among them) run one process of ``--threads`` threads.
+**CTranslate2's threads.** ``--threads`` threads are CTranslate2's ``inter_threads``
+(translators working on batches of their own, side by side) times ``intra_threads`` (threads a
+translator). Its systems take a translator a thread (as the example of CTranslate2's
+documentation on parallel execution, docs/parallel.md there, takes 4 workers of 1 thread: the
+batches of one ``translate_batch`` call go to the translators side by side); "CTranslate2 int8,
+one translator" is the same int8 model with one translator of ``--threads`` threads, as a row.
+On 2 cores, int8, at equal work, a translator a thread translated 1.2-1.4x as many sentences a
+second as one translator of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which
+has no translators of its own, would gain 5-15% from two processes of one thread each:
+docs/performance.md). The systems of fairseq (ours among them) run one process of ``--threads``
+threads.
 
 Ratios are against CTranslate2 int8 (a translator a thread); the machine (bench/machine.py) is
 printed beside the table. Run it alone on the machine (bench/README.md).

@@ -225,7 +225,7 @@ def test_a_beam_search_writes_every_step_s_logits_over_candidates_into_the_same_
             logits, _ = model.decoder(prev, encoder_out, reused_state, candidates=candidates, reuse_logits=True)
             expected, _ = model.decoder(prev, encoder_out, new_state, candidates=candidates)
             assert torch.equal(logits, expected)
-            written.append(logits)  # kept: a step may not write into memory a tensor still holds
+            written.append(logits)  # kept alive: one address is memory written over, not freed and taken again
             prev = torch.cat([prev, torch.randint(d.nspecial, len(d), (3 * beam, 1))], dim=1)
     assert len({logits.data_ptr() for logits in written}) == 1
 
