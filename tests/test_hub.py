@@ -1,5 +1,6 @@
 """``ConvS2SModel.from_pretrained``: raw sentences in, translations out, from a folder written by
 convs2s-prepare and checkpoints written by fairseq-train (Multi30k en-de)."""
+import json
 import math
 import re
 import shutil
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from cli_helpers import run, write_lines
-from conftest import ROOT
+from conftest import COMMAND_TIMEOUT, ROOT
 from fairseq_convs2s_ext import ConvS2SModel
 from convs2s_preprocess.stages.tokenize import normalize_and_tokenize
 from tiny_runs import prepare, train
@@ -88,6 +89,49 @@ def test_two_threads_translating_at_once_get_one_threads_translations(bpe_model,
     with ThreadPoolExecutor(2) as pool:
         for _ in range(3):
             assert list(pool.map(lambda half: hub.translate(half, beam=5, nbest=2), halves)) == alone
+
+
+def test_batches_are_fairseqs(bpe_model):
+    """The hub's batches (what HubWorkers shares out) are those of fairseq's own hub batching."""
+    from fairseq.hub_utils import GeneratorHubInterface
+
+    prepared, checkpoints = bpe_model
+    hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, batch_size=3)
+    raw = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
+    tokens = [hub.encode(line) for line in raw]
+    fairseqs = [sorted(batch["id"].tolist()) for batch in GeneratorHubInterface._build_batches(hub, tokens, False)]
+    ours = hub.batches(tokens)
+    assert [sorted(batch) for batch in ours] == fairseqs and len(ours) == 7
+    lengths = [[tokens[i].numel() for i in batch] for batch in ours]
+    assert all(a <= b for a, b in zip(sum(lengths, []), sum(lengths, [])[1:]))  # by length, shortest first
+
+
+WORKERS_SCRIPT = """
+import json, sys, torch
+from fairseq_convs2s_ext import ConvS2SModel
+from fairseq_convs2s_ext.models.hub_workers import HubWorkers
+checkpoints, prepared, quantize = sys.argv[1:]
+raw = open(prepared + "/../raw/test.en", encoding="utf-8").read().splitlines()
+sentences = raw[:9] + [""] + raw[9:] + ["A dog runs."]
+torch.set_num_threads(1)
+hub = ConvS2SModel.from_pretrained(checkpoints, data_name_or_path=prepared, batch_size=3, quantize=quantize)
+with HubWorkers(2, checkpoints, "checkpoint_best.pt", prepared, threads=1, batch_size=3, quantize=quantize) as w:
+    print(json.dumps([hub.translate(sentences, beam=5, nbest=2), w.translate(sentences, beam=5, nbest=2),
+                      hub.translate(sentences, beam=4, lenpen=0.5), w.translate(sentences, beam=4, lenpen=0.5)]))
+"""
+
+
+def test_workers_translate_as_the_hub_at_their_threads(bpe_model):
+    """HubWorkers: two processes of one thread, fairseq's batches shared out, translate as the
+    hub does at one thread (n-best, generation options, an empty sentence), batch for batch
+    (float32 here; convs2s-translate's test covers int8). In a bounded subprocess."""
+    prepared, checkpoints = bpe_model
+    done = subprocess.run([sys.executable, "-c", WORKERS_SCRIPT, str(checkpoints), str(prepared), "none"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    hub_nbest, workers_nbest, hub_best, workers_best = json.loads(done.stdout.splitlines()[-1])
+    assert workers_nbest == hub_nbest and workers_best == hub_best
+    assert hub_nbest[9] == ["", ""] and hub_best[9] == "" and all(len(h) == 2 and h[0] for h in hub_nbest[:9])
 
 
 def _with_task(checkpoint, task, out):

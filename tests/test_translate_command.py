@@ -1,5 +1,6 @@
 """convs2s-translate on a folder written by convs2s-prepare and a model trained by fairseq-train
 (Multi30k en-de): raw text in, detokenized translations out, in the input's order."""
+import os
 import re
 import subprocess
 
@@ -20,10 +21,11 @@ def model(tmp_path_factory, data_dir):
     return prepared, work / "checkpoints" / "checkpoint_last.pt"
 
 
-def translate(checkpoint, prepared, *options, stdin=None):
+def translate(checkpoint, prepared, *options, stdin=None, threads=None):
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     return subprocess.run([str(BIN / "convs2s-translate"), "--path", str(checkpoint), "--data", str(prepared),
                            *map(str, options)], input=stdin, capture_output=True, text=True, cwd=ROOT,
-                          timeout=COMMAND_TIMEOUT)
+                          timeout=COMMAND_TIMEOUT, env=env)
 
 
 def test_translations_are_fairseq_generates_for_the_prepared_split(model, tmp_path):
@@ -46,6 +48,20 @@ def test_translations_are_fairseq_generates_for_the_prepared_split(model, tmp_pa
     assert chunked.stdout.splitlines() == expected
 
 
+def test_workers_translate_as_one_process_at_their_threads(model):
+    """--workers 2 of OMP_NUM_THREADS=2: two processes of a thread each, translating the batches
+    of one process side by side, write what one process of one thread writes (int8 here; the
+    hub's test covers float32)."""
+    prepared, checkpoint = model
+    raw = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8")
+    options = ("--batch-size", 3, "--chunk", 11, "--quantize", "int8", "--replace-unk", "--lenpen", 0.6)
+    one = translate(checkpoint, prepared, *options, stdin=raw, threads=1)
+    two = translate(checkpoint, prepared, *options, "--workers", 2, stdin=raw, threads=2)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert two.stdout == one.stdout and len(one.stdout.splitlines()) == 20
+    assert "batches of 3, 1 thread" in one.stderr and "batches of 3, 2 workers of 1 thread" in two.stderr
+
+
 def test_an_empty_line_stays_empty_and_int8_translates_every_line(model):
     prepared, checkpoint = model
     lines = ["A dog runs through the snow.", "", "Two men are talking on a bench."]
@@ -56,7 +72,7 @@ def test_an_empty_line_stays_empty_and_int8_translates_every_line(model):
     assert ", int8;" in done.stderr
 
 
-@pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam"])
+@pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam", "no workers"])
 def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     prepared, checkpoint = model
     source, path, options = tmp_path / "in.en", checkpoint, []
@@ -68,6 +84,8 @@ def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
         path = checkpoint.parent
     if problem == "zero beam":
         options = ["--beam", 0]
+    if problem == "no workers":
+        options = ["--workers", 0]
     out = tmp_path / "out.de"
     done = subprocess.run([str(BIN / "convs2s-translate"), "--path", str(path), "--data", str(prepared),
                            "-i", str(source), "-o", str(out), *map(str, options)],
@@ -75,6 +93,7 @@ def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: "), done.stderr
-    named = {"no input": str(source), "not utf-8": str(source), "folder as path": str(path), "zero beam": "--beam"}
+    named = {"no input": str(source), "not utf-8": str(source), "folder as path": str(path), "zero beam": "--beam",
+             "no workers": "--workers"}
     assert named[problem] in lines[0]
     assert not out.exists() and list(tmp_path.iterdir()) == ([source] if source.exists() else [])

@@ -11,8 +11,13 @@ of similar length (the hub's batching; with the plugin's lean beam step, and ``-
 translations come out in the input's order, a line each; an empty line stays empty. It reads
 ``--chunk`` lines at a time, so memory does not grow with the file. With ``-o`` the file
 appears whole once everything is translated, never half-written. At the end it prints on
-stderr the sentences it translated, the time they took and the sentences per second (loading
-the model not counted).
+stderr the sentences it translated, the time they took and the sentences per second
+(tokenizing and detokenizing counted, loading the model not).
+
+It runs on the threads the plugin's commands choose (``OMP_NUM_THREADS``, else the idle cores:
+:mod:`..threads`). ``--workers N`` translates in N processes of a share of those threads each,
+side by side, a batch at a time each (:mod:`..models.hub_workers`): the same translations, more
+sentences a second on a CPU; each worker holds a copy of the model.
 
 The hub (``ConvS2SModel.from_pretrained``) runs the same generator: from Python, translate
 token lists of your own with ``hub.translate``; this command adds the tokenization of the
@@ -20,11 +25,13 @@ prepared folder, the file handling and the figures.
 """
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
@@ -33,7 +40,8 @@ from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokeniz
 
 from ..excepthook import install_excepthook
 from ..generation.quantization import QUANTIZE_MODES
-from ..models.hub_interface import from_pretrained
+from ..models.hub_workers import HubWorkers
+from ..threads import apply_to_command as choose_command_threads
 
 
 def parser():
@@ -57,6 +65,9 @@ def parser():
                    help="score only each sentence's candidate words (convs2s-align-dict --candidates)")
     p.add_argument("--replace-unk", nargs="?", const="", metavar="ALIGN_DICT",
                    help="replace <unk> with the attended source word, or its translation in ALIGN_DICT")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes translating side by side on the CPU, the threads shared out among them "
+                        "(default: %(default)s; see docs/translating.md)")
     p.add_argument("--cpu", action="store_true", help="translate on the CPU even where a GPU is available")
     return p
 
@@ -76,29 +87,32 @@ def main(argv=None):
     error = check(args)
     if error:
         sys.exit(f"convs2s-translate: error: {error}")
+    threads = choose_command_threads().count
     options = dict(tokenizer="space", quantize=args.quantize, batch_size=args.batch_size,
                    beam=args.beam, lenpen=args.lenpen)
     if args.vocab_selection:
         options["vocab_selection"] = os.path.abspath(args.vocab_selection)
+    hub_args = (os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path), os.path.abspath(args.data))
     try:
-        hub = from_pretrained(os.path.dirname(os.path.abspath(args.path)), os.path.basename(args.path),
-                              os.path.abspath(args.data), **options)
+        translator = HubWorkers(args.workers, *hub_args, threads=max(1, threads // args.workers), **options)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-translate: error: {e}")
-    if torch.cuda.is_available() and not args.cpu:
-        hub.cuda()
-    source, target = hub.task.cfg.source_lang, hub.task.cfg.target_lang
+    if args.workers == 1 and torch.cuda.is_available() and not args.cpu:
+        translator.hub.cuda()
+    source, target = translator.hub.task.cfg.source_lang, translator.hub.task.cfg.target_lang
     romanian = prepared_record(args.data).get("romanian", False) and source == "ro"
     sentences, seconds = 0, 0.0
     try:
         with _opened(args.input) as lines, _opened(args.output, writing=True) as out:
             for chunk in _chunks(lines, args.chunk):
-                tokenized = [normalize_and_tokenize(line.rstrip("\r\n"), source, romanian) for line in chunk]
                 start = time.perf_counter()
-                translations = hub.translate(tokenized, beam=args.beam, lenpen=args.lenpen,
-                                             replace_unk=args.replace_unk)
+                translations = translator.translate(
+                    [line.rstrip("\r\n") for line in chunk], beam=args.beam, lenpen=args.lenpen,
+                    replace_unk=args.replace_unk, preprocess=functools.partial(normalize_and_tokenize, lang=source,
+                                                                               romanian=romanian),
+                    postprocess=functools.partial(detokenize, lang=target))
                 seconds += time.perf_counter() - start
-                out.writelines(detokenize(t, target) + "\n" for t in translations)
+                out.writelines(t + "\n" for t in translations)
                 sentences += len(chunk)
     except UnicodeDecodeError as e:
         where = "stdin" if args.input == "-" else args.input
@@ -106,10 +120,19 @@ def main(argv=None):
                  f"{sentences + 1} or after): convert it first, e.g. iconv -t UTF-8; nothing was written")
     except ValueError as e:  # a sentence longer than the model takes (the hub says which)
         sys.exit(f"convs2s-translate: error: {args.input}: {e}; nothing was written")
+    except BrokenProcessPool:
+        sys.exit("convs2s-translate: error: a worker process died (out of memory? each holds a copy of the "
+                 "model): try fewer --workers; nothing was written")
+    finally:
+        translator.close()
     rate = f": {sentences / seconds:.1f} sentences/s" if seconds else ""
-    print(f"convs2s-translate: {sentences:,} sentences in {seconds:.1f} s{rate} "
-          f"(beam {args.beam}, batches of {args.batch_size}, {torch.get_num_threads()} threads"
-          f"{', int8' if args.quantize == 'int8' else ''}; tokenizing and loading not counted)", file=sys.stderr)
+    each = translator.threads
+    threads_text = f"{each} thread{'s' if each > 1 else ''}"
+    if args.workers > 1:
+        threads_text = f"{args.workers} workers of {threads_text}"
+    print(f"convs2s-translate: {sentences:,} sentences in {seconds:.1f} s{rate} (beam {args.beam}, batches of "
+          f"{args.batch_size}, {threads_text}{', int8' if args.quantize == 'int8' else ''}; loading the model "
+          "not counted)", file=sys.stderr)
     return 0
 
 
@@ -122,7 +145,9 @@ def check(args):
         return f"{args.input}: no such file: -i takes a text file, a sentence a line (or leave it out for stdin)"
     if args.output != "-" and os.path.isdir(args.output):
         return f"{args.output}: a folder: -o takes the file to write"
-    for name in ("beam", "batch_size", "chunk"):
+    if args.workers > 1 and torch.cuda.is_available() and not args.cpu:
+        return f"--workers {args.workers} translates on the CPU: add --cpu (or leave --workers out for the GPU)"
+    for name in ("beam", "batch_size", "chunk", "workers"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}"
     return None

@@ -178,10 +178,19 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
         if isinstance(sentences, str):
             return self.sample([sentences], beam, verbose, nbest, replace_unk, **kwargs)[0]
         check_sentences(sentences)
+        return self.sample_segmented([self.segment(sentence) for sentence in sentences], beam, verbose, nbest,
+                                     replace_unk, **kwargs)
+
+    def segment(self, sentence: str) -> str:
+        """A raw sentence as the model reads it: tokenized, and split into BPE pieces."""
+        return self.apply_bpe(self.tokenize(sentence))
+
+    def sample_segmented(self, texts: List[str], beam: int = 1, verbose: bool = False, nbest: int = 1,
+                         replace_unk: Optional[str] = None, **kwargs):
+        """:meth:`sample` of sentences already segmented by :meth:`segment`."""
         if nbest > beam:
             raise ValueError(f"nbest={nbest} needs a beam of at least {nbest} (beam={beam})")
         align_dict = self.align_dict if replace_unk is None else read_align_dict(replace_unk)
-        texts = [self.apply_bpe(self.tokenize(sentence)) for sentence in sentences]
         tokens = [self.binarize(text) for text in texts]
         self._check_lengths(tokens)
         words = [i for i, t in enumerate(tokens) if t.numel() > 1]  # an empty sentence is </s> alone
@@ -195,6 +204,25 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
                 if i in hypotheses else [""] * nbest
             outputs.append(best[0] if nbest == 1 else best)
         return outputs
+
+    def batches(self, tokenized_sentences) -> List[List[int]]:
+        """The batches that :meth:`generate` translates these sentences in, each a list of their
+        positions in ``tokenized_sentences``, in fairseq's order (by length). The sentences of
+        one batch, translated alone in that order, make that one batch again: that is how
+        ``convs2s-translate --workers`` shares them out (:mod:`..cli.translate`)."""
+        iterator = self._batch_iterator(tokenized_sentences, skip_invalid_size_inputs=False)
+        return [[int(i) for i in batch] for batch in iterator.frozen_batches]
+
+    def _build_batches(self, tokens, skip_invalid_size_inputs):
+        return self._batch_iterator(tokens, skip_invalid_size_inputs).next_epoch_itr(shuffle=False)
+
+    def _batch_iterator(self, tokens, skip_invalid_size_inputs):
+        """fairseq's batching for the hub (``GeneratorHubInterface._build_batches``)."""
+        lengths = torch.LongTensor([t.numel() for t in tokens])
+        return self.task.get_batch_iterator(
+            dataset=self.task.build_dataset_for_inference(tokens, lengths), max_tokens=self.cfg.dataset.max_tokens,
+            max_sentences=self.cfg.dataset.batch_size, max_positions=self.max_positions,
+            ignore_invalid_inputs=skip_invalid_size_inputs, disable_iterator_cache=True)
 
     def _check_lengths(self, tokenized_sentences) -> None:
         """A ValueError for a sentence longer than the model takes (fairseq's exception names a
