@@ -50,10 +50,11 @@ documentation on parallel execution, docs/parallel.md there, takes 4 workers of 
 batches of one ``translate_batch`` call go to the translators side by side); "CTranslate2 int8,
 one translator" is the same int8 model with one translator of ``--threads`` threads, as a row.
 On 2 cores, int8, at equal work, a translator a thread translated 1.2-1.4x as many sentences a
-second as one translator of two (Intel Xeon with AVX-512 VNNI, and held to AVX2; ours, which
-has no translators of its own, would gain 5-15% from two processes of one thread each:
+second as one translator of two (Intel Xeon with AVX-512 VNNI, and held to AVX2:
 docs/performance.md). The systems of fairseq (ours among them) run one process of ``--threads``
-threads.
+threads; "ours int8, a process a thread" (:class:`ProcessesSystem`) is ours int8 split as
+CTranslate2 is, into ``--threads`` processes of one thread each, the batches shared out as
+``convs2s-translate --workers`` shares them.
 
 Ratios are against CTranslate2 int8 (a translator a thread); the machine (bench/machine.py) is
 printed beside the table. Run it alone on the machine (bench/README.md).
@@ -63,10 +64,11 @@ import hashlib
 import json
 import multiprocessing
 import os
+import queue
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -106,6 +108,7 @@ OURS_RECIPE = ["--arch", "convs2s_iwslt_de_en", "--task", "convs2s_translation",
                *short_budget("convs2s_cross_entropy")]
 PEER = "CTranslate2 int8"
 ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the peer takes a translator a thread
+PROCESSES = "ours int8, a process a thread"  # --threads processes (convs2s-translate --workers)
 
 
 def parse_args(argv=None):
@@ -241,11 +244,13 @@ class FairseqSystem:
         return argparse.Namespace(beam=self.args.beam, max_len_a=0, max_len_b=forced or 200, min_len=forced or 1,
                                   lenpen=1.0, unkpen=0.0, nbest=1)
 
-    def translate(self, forced):
+    def translate(self, forced, which=None):
+        """The batches (``which``: those of these numbers) translated, ``forced`` words a
+        hypothesis if given; (seconds, their hypotheses in sentence order, tokens)."""
         if forced not in self.generators:
             self.generators[forced] = self.task.build_generator([self.run.model], self.options(forced))
         self.run.generator, self.run.hypotheses = self.generators[forced], {}
-        seconds = self.run.translate(self.batches)
+        seconds = self.run.translate(self.batches if which is None else [self.batches[i] for i in which])
         ids = sorted(self.run.hypotheses)
         text = [self.task.target_dictionary.string(self.run.hypotheses[i]) for i in ids]
         return seconds, text, self.run.generated_tokens()
@@ -316,7 +321,7 @@ class Models:
 
 
 SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", "fconv", "ours float32",
-           "ours int8", f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
+           "ours int8", PROCESSES, f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
            "ours exported, int8")
 
 
@@ -380,8 +385,8 @@ class SystemProcess:
                                            initializer=_build_here, initargs=(name, models, args, data_bin))
         self.process.submit(int).result()  # built (or its error raised) before any pass is timed
 
-    def translate(self, forced):
-        return self.process.submit(_translate_here, forced).result()
+    def translate(self, forced, which=None):
+        return self.process.submit(_translate_here, forced, which).result()
 
     def close(self):
         self.process.shutdown()
@@ -396,8 +401,50 @@ def _build_here(name, models, args, data_bin):
     _SYSTEM = build_system(name, models, args, data_bin)
 
 
-def _translate_here(forced):
-    return _SYSTEM.translate(forced)
+def _translate_here(forced, which):
+    return _SYSTEM.translate(forced) if which is None else _SYSTEM.translate(forced, which)
+
+
+class ProcessesSystem:
+    """Ours int8 in ``--threads`` processes of one thread each (:class:`SystemProcess`), each
+    batch handed to whichever process is free, the longest first, as ``convs2s-translate
+    --workers`` shares its batches out (fairseq_convs2s_ext/models/hub_workers.py); the time is
+    the whole set's, taken here (the messages between the processes counted)."""
+
+    def __init__(self, name, models, args, data_bin):
+        self.name = name
+        one_thread = argparse.Namespace(**{**vars(args), "threads": 1})
+        self.processes = [SystemProcess("ours int8", models, one_thread, data_bin) for _ in range(args.threads)]
+        self.feeders = ThreadPoolExecutor(args.threads)  # a thread here hands batches to each process
+        batches, _, _ = sentences_to_translate(translation_task(data_bin), args, data_bin)
+        self.ids = [sorted(batch["id"].tolist()) for batch in batches]
+
+    def translate(self, forced):
+        todo = queue.SimpleQueue()
+        for i in reversed(range(len(self.ids))):
+            todo.put(i)
+
+        def work(process):
+            done = []
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return done
+                done.append((i, process.translate(forced, [i])))
+
+        start = time.perf_counter()
+        done = [batch for part in self.feeders.map(work, self.processes) for batch in part]
+        seconds = time.perf_counter() - start
+        text = {}
+        for i, (_, batch_text, _) in done:
+            text.update(zip(self.ids[i], batch_text))
+        return seconds, [text[i] for i in sorted(text)], sum(tokens for _, (_, _, tokens) in done)
+
+    def close(self):
+        self.feeders.shutdown()
+        for process in self.processes:
+            process.close()
 
 
 def measure_each_alone(names, models, args, data_bin, sentences):
@@ -410,7 +457,8 @@ def measure_each_alone(names, models, args, data_bin, sentences):
     try:
         for name in names:
             log(f"starting {name} in a process of its own")
-            runs.append(SystemProcess(name, models, args, data_bin))
+            system = ProcessesSystem if name == PROCESSES else SystemProcess
+            runs.append(system(name, models, args, data_bin))
         return {phase: measure(runs, args.repeats, forced, sentences)
                 for phase, forced in (("as trained", None), ("equal work", args.forced_length))}
     finally:
@@ -425,7 +473,7 @@ def score(results, references):
     text = {name: [detokenized(t) for t in result["text"]] for name, result in results.items()}
     for name, result in results.items():
         result["BLEU"] = sacrebleu_score(text[name], references)["score"]
-    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"),
+    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"), (PROCESSES, "ours float32"),
                            (f"{PEER}, vocabulary map", "CTranslate2 float32"),
                            ("ours int8, vocabulary selection", "ours float32"),
                            ("ours exported, int8", "ours exported, float32")):

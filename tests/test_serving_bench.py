@@ -184,3 +184,29 @@ print(json.dumps("ctranslate2" in sys.modules))
                 words = FORCED + 1 if name.startswith(PEER) else FORCED
                 assert [len(t.split()) for t in text] == [words] * sentences, name
                 assert tokens == (FORCED + 1) * sentences, name
+
+
+@pytest.mark.slow  # the benchmark's method, not the product's behaviour: make test-slow
+def test_ours_in_a_process_a_thread_translates_as_one_process_of_one_thread(models):
+    """The row of ours split as convs2s-translate --workers splits it: two processes of one
+    thread share the batches out and translate, in both phases, what one process of one thread
+    translates. Run in a bounded subprocess."""
+    data_bin, transformer, convs2s = models
+    script = f"""
+import argparse, json
+from pathlib import Path
+from bench.serving import PROCESSES, Models, measure_each_alone
+models = Models(Path({str(transformer)!r}), Path({str(convs2s)!r}), None, None, None)
+def args(threads):
+    return argparse.Namespace(beam=5, batch_size=8, threads=threads, batches=None, repeats=1, forced_length={FORCED})
+split = measure_each_alone([PROCESSES], models, args(2), Path({str(data_bin)!r}), 1)
+one = measure_each_alone(["ours int8"], models, args(1), Path({str(data_bin)!r}), 1)
+print(json.dumps([[r[phase][name]["text"], r[phase][name]["tokens"]]
+                  for r, name in ((split, PROCESSES), (one, "ours int8")) for phase in ("as trained", "equal work")]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split_trained, split_equal, one_trained, one_equal = json.loads(proc.stdout.strip().splitlines()[-1])
+    sentences = sum(len(batch["id"]) for batch in generation_batches(translation_task(data_bin), 8))
+    assert split_trained == one_trained and split_equal == one_equal
+    assert len(split_equal[0]) == sentences and split_equal[1] == (FORCED + 1) * sentences
