@@ -54,7 +54,7 @@ second as one translator of two (Intel Xeon with AVX-512 VNNI, and held to AVX2:
 docs/performance.md). The systems of fairseq (ours among them) run one process of ``--threads``
 threads; "ours int8, a process a thread" (:class:`ProcessesSystem`) is ours int8 split as
 CTranslate2 is, into ``--threads`` processes of one thread each, the batches shared out as
-``convs2s-translate --workers`` shares them.
+``convs2s-translate --workers`` shares them, and so is ours with vocabulary selection.
 
 Ratios are against CTranslate2 int8 (a translator a thread); the machine (bench/machine.py) is
 printed beside the table. Run it alone on the machine (bench/README.md).
@@ -109,6 +109,9 @@ OURS_RECIPE = ["--arch", "convs2s_iwslt_de_en", "--task", "convs2s_translation",
 PEER = "CTranslate2 int8"
 ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the peer takes a translator a thread
 PROCESSES = "ours int8, a process a thread"  # --threads processes (convs2s-translate --workers)
+SELECTION = "ours int8, vocabulary selection"
+# The systems of ours split into --threads processes of a thread, and the system each runs.
+SPLIT = {PROCESSES: "ours int8", f"{SELECTION}, a process a thread": SELECTION}
 
 
 def parse_args(argv=None):
@@ -321,8 +324,8 @@ class Models:
 
 
 SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", "fconv", "ours float32",
-           "ours int8", PROCESSES, f"{PEER}, vocabulary map", "ours int8, vocabulary selection", "ours exported, float32",
-           "ours exported, int8")
+           "ours int8", PROCESSES, f"{PEER}, vocabulary map", SELECTION, f"{SELECTION}, a process a thread",
+           "ours exported, float32", "ours exported, int8")
 
 
 def trained_models(args, data_bin):
@@ -354,7 +357,7 @@ def build_system(name, models, args, data_bin):
     if name.startswith("ours exported"):
         return ExportedSystem(name, models.convs2s, data_bin, args, batches, quantize=name.split(", ")[1])
     options = {"ours float32": {}, "ours int8": dict(quantize="int8"),
-               "ours int8, vocabulary selection": dict(vocab_selection=models.candidates, quantize="int8")}[name]
+               SELECTION: dict(vocab_selection=models.candidates, quantize="int8")}[name]
     ours_task = convs2s_task(data_bin, **options)
     return FairseqSystem(name, fairseq_model(models.convs2s, ours_task), ours_task, args, batches)
 
@@ -406,15 +409,16 @@ def _translate_here(forced, which):
 
 
 class ProcessesSystem:
-    """Ours int8 in ``--threads`` processes of one thread each (:class:`SystemProcess`), each
-    batch handed to whichever process is free, the longest first, as ``convs2s-translate
-    --workers`` shares its batches out (fairseq_convs2s_ext/models/hub_workers.py); the time is
-    the whole set's, taken here (the messages between the processes counted)."""
+    """Ours (:data:`SPLIT`: int8, or int8 with vocabulary selection) in ``--threads``
+    processes of one thread each (:class:`SystemProcess`), each batch handed to whichever
+    process is free, the longest first, as ``convs2s-translate --workers`` shares its batches
+    out (fairseq_convs2s_ext/models/hub_workers.py); the time is the whole set's, taken here
+    (the messages between the processes counted)."""
 
     def __init__(self, name, models, args, data_bin):
         self.name = name
         one_thread = argparse.Namespace(**{**vars(args), "threads": 1})
-        self.processes = [SystemProcess("ours int8", models, one_thread, data_bin) for _ in range(args.threads)]
+        self.processes = [SystemProcess(SPLIT[name], models, one_thread, data_bin) for _ in range(args.threads)]
         self.feeders = ThreadPoolExecutor(args.threads)  # a thread here hands batches to each process
         batches, _, _ = sentences_to_translate(translation_task(data_bin), args, data_bin)
         self.ids = [sorted(batch["id"].tolist()) for batch in batches]
@@ -457,7 +461,7 @@ def measure_each_alone(names, models, args, data_bin, sentences):
     try:
         for name in names:
             log(f"starting {name} in a process of its own")
-            system = ProcessesSystem if name == PROCESSES else SystemProcess
+            system = ProcessesSystem if name in SPLIT else SystemProcess
             runs.append(system(name, models, args, data_bin))
         return {phase: measure(runs, args.repeats, forced, sentences)
                 for phase, forced in (("as trained", None), ("equal work", args.forced_length))}
@@ -473,9 +477,9 @@ def score(results, references):
     text = {name: [detokenized(t) for t in result["text"]] for name, result in results.items()}
     for name, result in results.items():
         result["BLEU"] = sacrebleu_score(text[name], references)["score"]
-    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"), (PROCESSES, "ours float32"),
+    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"), *((split, "ours float32") for split in SPLIT),
                            (f"{PEER}, vocabulary map", "CTranslate2 float32"),
-                           ("ours int8, vocabulary selection", "ours float32"),
+                           (SELECTION, "ours float32"),
                            ("ours exported, int8", "ours exported, float32")):
         if int8 in results and baseline in results:
             results[int8]["BLEU - float32, 95%"] = bleu_difference_interval(text[baseline], text[int8], references)
@@ -489,7 +493,7 @@ def quality(args, data_bin):
     task = translation_task(data_bin)
     batches, ids, _ = sentences_to_translate(task, args, data_bin, args.split)
     tasks = {"ours float32": convs2s_task(data_bin), "ours int8": convs2s_task(data_bin, quantize="int8"),
-             "ours int8, vocabulary selection": convs2s_task(data_bin, vocab_selection=candidates("demo"),
+             SELECTION: convs2s_task(data_bin, vocab_selection=candidates("demo"),
                                                              quantize="int8")}
     runs = [FairseqSystem(name, fairseq_model(args.quality, mode_task), mode_task, args, batches)
             for name, mode_task in tasks.items()]
