@@ -2,7 +2,10 @@
 (Multi30k en-de): raw text in, detokenized translations out, in the input's order."""
 import os
 import re
+import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +100,42 @@ def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
              "no workers": "--workers"}
     assert named[problem] in lines[0]
     assert not out.exists() and list(tmp_path.iterdir()) == ([source] if source.exists() else [])
+
+
+def test_a_worker_that_dies_is_one_line_and_writes_nothing(model, tmp_path):
+    """A worker killed mid-run (as the kernel's out-of-memory killer would) ends the command
+    with one line that says what happened, and the output file is not written."""
+    prepared, checkpoint = model
+    source, out = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text((prepared.parent / "raw" / "test.en").read_text(encoding="utf-8") * 500, encoding="utf-8")
+    command = subprocess.Popen([str(BIN / "convs2s-translate"), "--path", str(checkpoint), "--data", str(prepared),
+                                "-i", str(source), "-o", str(out), "--workers", "2", "--batch-size", "8"],
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while not (workers := _spawned_workers(command.pid)) and command.poll() is None:
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.2)
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = command.communicate(timeout=COMMAND_TIMEOUT)
+    finally:
+        command.kill()
+    assert command.returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: a worker process died"), stderr
+    assert not out.exists() and sorted(tmp_path.iterdir()) == [source]
+
+
+def _spawned_workers(pid):
+    """The process ids of ``pid``'s multiprocessing workers (not its resource tracker)."""
+    found = []
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (child / "stat").read_text()
+            cmdline = (child / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"spawn_main" in cmdline:
+            found.append(int(child.name))
+    return found

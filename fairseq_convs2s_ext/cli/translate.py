@@ -43,6 +43,9 @@ from ..generation.quantization import QUANTIZE_MODES
 from ..models.hub_workers import HubWorkers
 from ..threads import apply_to_command as choose_command_threads
 
+WORKER_DIED = ("convs2s-translate: error: a worker process died (out of memory? each holds a copy of the model): "
+               "try fewer --workers")
+
 
 def parser():
     p = argparse.ArgumentParser(
@@ -97,6 +100,8 @@ def main(argv=None):
         translator = HubWorkers(args.workers, *hub_args, threads=max(1, threads // args.workers), **options)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-translate: error: {e}")
+    except BrokenProcessPool:
+        sys.exit(WORKER_DIED)
     if args.workers == 1 and torch.cuda.is_available() and not args.cpu:
         translator.hub.cuda()
     source, target = translator.hub.task.cfg.source_lang, translator.hub.task.cfg.target_lang
@@ -121,8 +126,7 @@ def main(argv=None):
     except ValueError as e:  # a sentence longer than the model takes (the hub says which)
         sys.exit(f"convs2s-translate: error: {args.input}: {e}; nothing was written")
     except BrokenProcessPool:
-        sys.exit("convs2s-translate: error: a worker process died (out of memory? each holds a copy of the "
-                 "model): try fewer --workers; nothing was written")
+        sys.exit(f"{WORKER_DIED}; nothing was written")
     finally:
         translator.close()
     rate = f": {sentences / seconds:.1f} sentences/s" if seconds else ""

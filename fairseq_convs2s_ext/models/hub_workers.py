@@ -74,8 +74,12 @@ class HubWorkers:
             spawn = multiprocessing.get_context("spawn")
             self.pool = ProcessPoolExecutor(workers, mp_context=spawn, initializer=_load,
                                             initargs=(self.threads, args, kwargs, spawn.Barrier(workers)))
-            for started in [self.pool.submit(int) for _ in range(workers)]:  # a process each, started now
-                started.result()
+            try:
+                for started in [self.pool.submit(int) for _ in range(workers)]:  # a process each, started now
+                    started.result()
+            except BaseException:
+                self.close()
+                raise
 
     def translate(self, sentences: List[str], beam: int = 5, nbest: int = 1,
                   preprocess: Optional[Callable[[str], str]] = None, postprocess: Optional[Callable[[str], str]] = None,
