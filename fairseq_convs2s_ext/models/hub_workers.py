@@ -7,10 +7,11 @@
 On a CPU, one process of T threads leaves cores waiting: a decoder step is a few small matrix
 products, each split T ways, with the threads meeting at a barrier after every one of them,
 and Python between them on one core. ``N`` processes of ``T / N`` threads each, every one
-translating whole batches of its own, keep the cores busier: on a 2-core Intel Xeon, ours int8
-at equal work translated 10-15% more sentences a second in two processes of one thread than in
-one process of two (5-7% held to AVX2; docs/performance.md), as CTranslate2 gains from its
-translators side by side (``inter_threads``). Each worker holds a copy of the model.
+translating whole batches of its own, can keep the cores busier, as CTranslate2's translators
+side by side (``inter_threads``) do. In the serving benchmark on a 2-core Intel Xeon
+(docs/performance.md), ours int8 in two processes of one thread translated 5-9% more
+sentences a second than in one process of two with AVX-512 VNNI; held to AVX2 instructions
+1-6% more as trained and 2-5% fewer at equal work: measure it on your machine. Each worker holds a copy of the model.
 
 The translations are the one-process hub's (``hub.translate``) with the same threads per
 batch: this process loads the model too, segments nothing itself and makes fairseq's batches
