@@ -477,7 +477,8 @@ def score(results, references):
     text = {name: [detokenized(t) for t in result["text"]] for name, result in results.items()}
     for name, result in results.items():
         result["BLEU"] = sacrebleu_score(text[name], references)["score"]
-    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"), *((split, "ours float32") for split in SPLIT),
+    for int8, baseline in ((PEER, "CTranslate2 float32"), ("ours int8", "ours float32"),
+                           *((split, "ours float32") for split in SPLIT),
                            (f"{PEER}, vocabulary map", "CTranslate2 float32"),
                            (SELECTION, "ours float32"),
                            ("ours exported, int8", "ours exported, float32")):

@@ -42,7 +42,10 @@ What the interface adds to fairseq's:
   average (drawn by ``convs2s-plot-attention``, :mod:`..cli.plot_attention`);
 - ``quantize="int8"`` (given to ``from_pretrained``): the decoders' linear layers multiply in
   int8 on a CPU (:mod:`..generation.quantization`), whatever task the checkpoint was trained
-  with (fairseq would pass an unknown option on to a task that may not have it).
+  with (fairseq would pass an unknown option on to a task that may not have it);
+- ``segment``, ``batches`` and ``sample_segmented``: ``translate``'s steps one by one (a raw
+  sentence's BPE pieces, fairseq's batches, the translation of segmented sentences), with
+  which :mod:`.hub_workers` shares the batches out among processes.
 """
 import contextlib
 import os

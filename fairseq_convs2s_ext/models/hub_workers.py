@@ -11,7 +11,8 @@ translating whole batches of its own, can keep the cores busier, as CTranslate2'
 side by side (``inter_threads``) do. In the serving benchmark on a 2-core Intel Xeon
 (docs/performance.md), ours int8 in two processes of one thread translated 5-9% more
 sentences a second than in one process of two with AVX-512 VNNI; held to AVX2 instructions
-1-6% more as trained and 2-5% fewer at equal work: measure it on your machine. Each worker holds a copy of the model.
+1-6% more as trained and 2-5% fewer at equal work: measure it on your machine. Each worker
+holds a copy of the model.
 
 The translations are the one-process hub's (``hub.translate``) with the same threads per
 batch: this process loads the model too, segments nothing itself and makes fairseq's batches
@@ -106,7 +107,8 @@ class HubWorkers:
         batches = self.hub.batches([tokens[i] for i in words])[::-1]  # the longest first
         jobs = [[segmented[words[j]][0] for j in batch] for batch in batches]
         outputs = [""] * len(sentences) if nbest == 1 else [[""] * nbest for _ in sentences]
-        translated = self.pool.map(_translate, jobs, itertools.repeat(beam), itertools.repeat(dict(kwargs, nbest=nbest)),
+        options = dict(kwargs, nbest=nbest)
+        translated = self.pool.map(_translate, jobs, itertools.repeat(beam), itertools.repeat(options),
                                    itertools.repeat(postprocess))
         for batch, translations in zip(batches, translated):
             for j, translation in zip(batch, translations):
