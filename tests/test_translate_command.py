@@ -75,12 +75,16 @@ def test_an_empty_line_stays_empty_and_int8_translates_every_line(model):
     assert ", int8;" in done.stderr
 
 
-@pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam", "no workers"])
+@pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam", "no workers",
+                                     "long line"])
 def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     prepared, checkpoint = model
     source, path, options = tmp_path / "in.en", checkpoint, []
     if problem == "not utf-8":
         source.write_bytes("A dog runs.\n".encode() * 3 + "Caf\xe9\n".encode("latin-1"))
+    elif problem == "long line":  # in the second chunk of 2 lines: its line in the file is named
+        write_lines(source, ["A dog runs."] * 3 + ["dog " * 1100])
+        options = ["--chunk", 2]
     elif problem != "no input":
         write_lines(source, ["A dog runs."])
     if problem == "folder as path":
@@ -97,7 +101,7 @@ def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: "), done.stderr
     named = {"no input": str(source), "not utf-8": str(source), "folder as path": str(path), "zero beam": "--beam",
-             "no workers": "--workers"}
+             "no workers": "--workers", "long line": f"{source}: line 4 is 1101 tokens long"}
     assert named[problem] in lines[0]
     assert not out.exists() and list(tmp_path.iterdir()) == ([source] if source.exists() else [])
 

@@ -40,6 +40,7 @@ from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokeniz
 
 from ..excepthook import install_excepthook
 from ..generation.quantization import QUANTIZE_MODES
+from ..models.hub_interface import SentenceTooLong
 from ..models.hub_workers import HubWorkers
 from ..threads import apply_to_command as choose_command_threads
 
@@ -123,7 +124,11 @@ def main(argv=None):
         where = "stdin" if args.input == "-" else args.input
         sys.exit(f"convs2s-translate: error: {where}: not UTF-8 text (byte {e.start} of line "
                  f"{sentences + 1} or after): convert it first, e.g. iconv -t UTF-8; nothing was written")
-    except ValueError as e:  # a sentence longer than the model takes (the hub says which)
+    except SentenceTooLong as e:  # its line in the file: the hub counts within the chunk
+        where = "stdin" if args.input == "-" else args.input
+        sys.exit(f"convs2s-translate: error: {where}: line {sentences + e.index + 1} is {e.length} tokens long "
+                 f"({e.WHAT}), more than the {e.limit} the model takes: split it; nothing was written")
+    except ValueError as e:
         sys.exit(f"convs2s-translate: error: {args.input}: {e}; nothing was written")
     except BrokenProcessPool:
         sys.exit(f"{WORKER_DIED}; nothing was written")

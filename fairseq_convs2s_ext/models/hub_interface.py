@@ -124,6 +124,18 @@ def check_sentences(sentences) -> None:
                             f"{type(sentence).__name__}, not str")
 
 
+class SentenceTooLong(ValueError):
+    """A sentence longer than the model takes: the ``index``-th of those given, ``length``
+    tokens, more than ``limit``."""
+
+    WHAT = "its words or BPE pieces after tokenization, and </s>"
+
+    def __init__(self, index: int, length: int, limit: int):
+        self.index, self.length, self.limit = index, length, limit
+        super().__init__(f"sentence {index} is {length} tokens long ({self.WHAT}), more than the {limit} the "
+                         "model takes: split it")
+
+
 @dataclass
 class LayerAttention:
     """The attention of a sentence pair: row i is target token i's attention over the source
@@ -228,13 +240,12 @@ class ConvS2SHubInterface(hub_utils.GeneratorHubInterface):
             ignore_invalid_inputs=skip_invalid_size_inputs, disable_iterator_cache=True)
 
     def _check_lengths(self, tokenized_sentences) -> None:
-        """A ValueError for a sentence longer than the model takes (fairseq's exception names a
-        command-line option, --skip-invalid-size-inputs-valid-test, that a program has not)."""
+        """:class:`SentenceTooLong` for a sentence longer than the model takes (fairseq's exception
+        names a command-line option, --skip-invalid-size-inputs-valid-test, that a program has not)."""
         limit = self.max_positions[0] if isinstance(self.max_positions, (tuple, list)) else self.max_positions
         for i, tokens in enumerate(tokenized_sentences):
             if limit is not None and tokens.numel() > limit:
-                raise ValueError(f"sentence {i} is {tokens.numel()} tokens long (its words or BPE pieces after "
-                                 f"tokenization, and </s>), more than the {limit} the model takes: split it")
+                raise SentenceTooLong(i, tokens.numel(), limit)
 
     def generate(self, tokenized_sentences, *args, **kwargs):
         if kwargs.get("replace_unk") is not None:
