@@ -108,6 +108,7 @@ def main(argv=None):
     source, target = translator.hub.task.cfg.source_lang, translator.hub.task.cfg.target_lang
     romanian = prepared_record(args.data).get("romanian", False) and source == "ro"
     sentences, seconds = 0, 0.0
+    where = "stdin" if args.input == "-" else args.input
     try:
         with _opened(args.input) as lines, _opened(args.output, writing=True) as out:
             for chunk in _chunks(lines, args.chunk):
@@ -121,13 +122,11 @@ def main(argv=None):
                 out.writelines(t + "\n" for t in translations)
                 sentences += len(chunk)
     except UnicodeDecodeError as e:
-        where = "stdin" if args.input == "-" else args.input
         sys.exit(f"convs2s-translate: error: {where}: not UTF-8 text (byte {e.start} of line "
                  f"{sentences + 1} or after): convert it first, e.g. iconv -t UTF-8; nothing was written")
     except SentenceTooLong as e:  # its line in the file: the hub counts within the chunk
-        where = "stdin" if args.input == "-" else args.input
-        sys.exit(f"convs2s-translate: error: {where}: line {sentences + e.index + 1} is {e.length} tokens long "
-                 f"({e.WHAT}), more than the {e.limit} the model takes: split it; nothing was written")
+        sys.exit(f"convs2s-translate: error: {where}: {e.named(f'line {sentences + e.index + 1}')}; "
+                 "nothing was written")
     except ValueError as e:
         sys.exit(f"convs2s-translate: error: {args.input}: {e}; nothing was written")
     except BrokenProcessPool:

@@ -128,12 +128,14 @@ class SentenceTooLong(ValueError):
     """A sentence longer than the model takes: the ``index``-th of those given, ``length``
     tokens, more than ``limit``."""
 
-    WHAT = "its words or BPE pieces after tokenization, and </s>"
-
     def __init__(self, index: int, length: int, limit: int):
         self.index, self.length, self.limit = index, length, limit
-        super().__init__(f"sentence {index} is {length} tokens long ({self.WHAT}), more than the {limit} the "
-                         "model takes: split it")
+        super().__init__(self.named(f"sentence {index}"))
+
+    def named(self, name: str) -> str:
+        """The message, the sentence called ``name``."""
+        return (f"{name} is {self.length} tokens long (its words or BPE pieces after tokenization, and </s>), "
+                f"more than the {self.limit} the model takes: split it")
 
 
 @dataclass
