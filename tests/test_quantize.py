@@ -105,8 +105,10 @@ def test_int8_sums_are_exact_where_onednn_multiplies_without_vnni():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     levels, error = proc.stdout.split()
-    assert levels == "63"
     assert float(error) < 1e-3, error  # float32 rounding of exact int32 sums; a saturated pair is off by >= 1
+    if levels == "127":  # an AVX2-only AMD EPYC: torch's int8 product is not oneDNN's, the switch changes nothing
+        pytest.skip("ONEDNN_MAX_CPU_ISA does not reach torch._int_mm on this CPU; its 8-bit sums are exact")
+    assert levels == "63"
 
 
 def prepared_model(**overrides):
