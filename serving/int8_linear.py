@@ -1,8 +1,29 @@
 """A linear layer's product in int8 on a CPU (``--quantize int8``: per-row activations,
 per-channel weights; :mod:`fairseq_convs2s_ext.generation.quantization` says what and why).
 
-As torch operations (:func:`int8_linear_torch`) it is seven passes over memory: the rows'
-largest |x|, the division, the rounding, the int8 copy, the product (``torch._int_mm``),
+**Two products, one chosen by measurement** (:func:`chosen_product`, once a process):
+
+- ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32), with the rows quantized to 8 bits
+  before it and the sums converted after it by the C++ kernel below. Where oneDNN runs it
+  (CPUs with VNNI or AMX, and Intel CPUs without) it was the fastest product measured.
+- ``fbgemm``: torch's fbgemm kernel (``torch.ops.quantized.linear_dynamic``, weights packed
+  once per tensor). On an AVX2-only AMD EPYC (2 cores, torch 2.13) ``torch._int_mm`` did not
+  reach oneDNN and took 36-47x float32's time at W_o's shape (640 x 256 -> 9792), while fbgemm
+  took 0.7x float32's, with the per-row scaling: fbgemm quantizes a call's activations with
+  one scale, so each row is divided by its own largest |x| first and its results multiplied
+  by it after (per-row scales again, for a pass over the output). It quantizes them to 7 bits
+  (``reduce_range``, so that AVX2's pair sums in int16 cannot saturate with 8-bit weights),
+  half the precision of ``int_mm``'s 8 bits. Its quantized weights are ``torch.qint8``
+  tensors, which torch 2.13 deprecates (the warning is silenced where they are made): where
+  fbgemm cannot be had, ``int_mm`` does the work.
+
+``fbgemm`` is chosen only where ``torch._int_mm`` measured more than PRODUCT_MARGIN times its
+time (a slow fallback, not a close race: so that the choice does not flip from run to run,
+and the more precise product is kept where both are fast), or where ``torch._int_mm`` does not
+sum exactly. ``CONVS2S_INT8_PRODUCT=int_mm`` or ``fbgemm`` pins it.
+
+With ``int_mm``, as torch operations (:func:`int8_linear_torch`) it is seven passes over
+memory: the rows' largest |x|, the division, the rounding, the int8 copy, the product (``torch._int_mm``),
 then the int32 sums converted, scaled by row and by channel with the bias added; at the
 decoder's shapes all but the product took about as long as the product itself (a beam
 search's profile, 2 threads, AMD EPYC with VNNI). The kernel in ``int8_linear.cpp`` does the
@@ -23,18 +44,94 @@ beam search with selection translated 416.5 sentences a second against 374.5 at 
 ``torch.export`` records once per layer (``convs2s-export --quantize int8``) and an exported
 program calls: importing this module registers it.
 """
+import contextlib
 import functools
-from typing import Optional
+import logging
+import os
+import time
+import warnings
+from typing import Dict, Optional
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from .kernels import Kernel
 
+logger = logging.getLogger(__name__)
+
 TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row or channel
+PRODUCTS = ("int_mm", "fbgemm")
+PRODUCT_ENV = "CONVS2S_INT8_PRODUCT"
+PRODUCT_MARGIN = 2.0
+PROBE_SHAPE = (128, 512, 2048)  # rows x in -> out: about the size of a decoder step's products
+
+
+def fbgemm_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
 @functools.lru_cache(maxsize=None)
+def chosen_product() -> str:
+    """The int8 product of this process: ``CONVS2S_INT8_PRODUCT`` if set, else measured
+    (:func:`probe_products`; the choice and its figures logged)."""
+    pinned = os.environ.get(PRODUCT_ENV)
+    if pinned:
+        if pinned not in PRODUCTS or (pinned == "fbgemm" and not fbgemm_available()):
+            available = [p for p in PRODUCTS if p != "fbgemm" or fbgemm_available()]
+            raise ValueError(f"{PRODUCT_ENV}={pinned!r}: this torch has {' and '.join(available)}; "
+                             f"unset it to have the faster measured")
+        return pinned
+    if not fbgemm_available():
+        return "int_mm"
+    seconds = probe_products()
+    slow = seconds["int_mm"] > PRODUCT_MARGIN * seconds["fbgemm"]
+    chosen = "fbgemm" if slow or int_mm_levels() is None else "int_mm"
+    logger.info("int8 products: %s (%s x %s -> %s: torch._int_mm %.2f ms, fbgemm %.2f ms, float32 %.2f ms)",
+                chosen, *PROBE_SHAPE, *(1e3 * seconds[k] for k in ("int_mm", "fbgemm", "float32")))
+    if seconds[chosen] > seconds["float32"]:
+        logger.warning("int8 products measured slower than float32's on this CPU (%.2f ms against %.2f): "
+                       "run without --quantize int8", 1e3 * seconds[chosen], 1e3 * seconds["float32"])
+    return chosen
+
+
+@functools.lru_cache(maxsize=None)
+def probe_products(rounds: int = 3) -> Dict[str, float]:
+    """Seconds of each product alone at PROBE_SHAPE (and of float32's ``F.linear``): the best of
+    ``rounds``, the three in turn, after a first call each."""
+    generator = torch.Generator().manual_seed(0)
+    rows, width, out = PROBE_SHAPE
+    x, weight = torch.randn(rows, width, generator=generator), torch.randn(out, width, generator=generator)
+    q, scale = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8), torch.rand(out) / 100
+    p, bias = q[:rows], torch.zeros(out)
+    calls = {"int_mm": lambda: torch._int_mm(p, q.t()),
+             "fbgemm": lambda: _fbgemm_linear(x, q.t(), scale, bias),
+             "float32": lambda: torch.nn.functional.linear(x, weight, bias)}
+    best = dict.fromkeys(calls, float("inf"))
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def weight_levels() -> Optional[int]:
+    """The largest |q| of int8 weights whose products this process's int8 product
+    (:func:`chosen_product`) sums exactly: 127 with fbgemm (its 7-bit activations), else
+    :func:`int_mm_levels`."""
+    return 127 if chosen_product() == "fbgemm" else int_mm_levels()
+
+
+def activation_levels() -> float:
+    """The levels each row of activations is quantized to on either side of zero: 127 with
+    ``torch._int_mm``; with fbgemm 63.5 (7 bits, unsigned, over the row's [-max, max])."""
+    return 63.5 if chosen_product() == "fbgemm" else 127.0
+
+
+@functools.lru_cache(maxsize=None)
+def int_mm_levels() -> Optional[int]:
     """The largest |q| of int8 weights q whose products with int8 activations (|p| <= 127)
     ``torch._int_mm`` sums exactly on this CPU: 127 where oneDNN multiplies int8 in one
     instruction (VNNI: measured on AMD EPYC and Intel Xeon CPUs with AVX512-VNNI); 63 where it
@@ -61,7 +158,7 @@ def weight_levels() -> Optional[int]:
 
 @torch.no_grad()  # for generation: rounding has no gradient
 def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                out: Optional[torch.Tensor] = None, product: Optional[str] = None) -> torch.Tensor:
     """x (... x in) times int8 weights ``weight_t`` (in x out, per-channel ``scale``) plus
     ``bias``, x quantized per row. oneDNN multiplies faster where ``weight_t`` is the
     transpose of weights stored out x in, as the layers keep them (:class:`Int8Weights
@@ -69,16 +166,59 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous
     float32 (rows x out) tensor to write into, else a new one. The kernel writes the int32
     sums into the float32 result's own memory and converts each in its own place (same size),
-    so that the step makes no second rows x out tensor."""
+    so that the step makes no second rows x out tensor. ``product``: ``int_mm`` or ``fbgemm``
+    (default: :func:`chosen_product`)."""
     rows = x.reshape(-1, x.size(-1))
     if torch.compiler.is_compiling():  # torch.export: one node of the program (convs2s-export --quantize int8)
         return torch.ops.convs2s.int8_linear(rows, weight_t, scale, bias).view(*x.shape[:-1], -1)
+    if (product or chosen_product()) == "fbgemm":
+        return _fbgemm_linear(rows, weight_t, scale, bias, out).view(*x.shape[:-1], -1)
     kernel = KERNEL.load() if x.device.type == "cpu" and x.dtype == torch.float32 else None
     if kernel is None:
         y = int8_linear_torch(rows, weight_t, scale, bias)
         return (y if out is None else out.copy_(y)).view(*x.shape[:-1], -1)
     y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32, device=x.device) if out is None else out
     return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
+
+
+_PACKED = WeakTensorKeyDictionary()  # int8 weights -> {their layout: fbgemm's packed copy}
+
+
+@contextlib.contextmanager
+def _fbgemm_engine():
+    engine = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "fbgemm"
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = engine
+
+
+def _packed(weight_t: torch.Tensor, scale: torch.Tensor):
+    """fbgemm's packed copy of the int8 weights ``weight_t`` (in x out, per-channel ``scale``),
+    made on first use and kept while the weights' tensor lives (a layer's, a program's, or
+    vocabulary selection's rows of a batch); made again if they or their scales changed."""
+    owner = weight_t if weight_t._base is None else weight_t._base
+    layout = (tuple(weight_t.shape), weight_t.stride(), weight_t.storage_offset(), owner._version,
+              scale.data_ptr(), scale._version)
+    known = _PACKED.setdefault(owner, {})
+    if layout not in known:
+        with warnings.catch_warnings(), _fbgemm_engine():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+            weight = torch._make_per_channel_quantized_tensor(
+                weight_t.t().contiguous(), scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+            known.clear()
+            known[layout] = torch.ops.quantized.linear_prepack(weight, None)
+    return known[layout]
+
+
+def _fbgemm_linear(rows, weight_t, scale, bias, out=None):
+    """:func:`int8_linear` with fbgemm's product: each row divided by its largest |x| (fbgemm
+    quantizes all rows with one scale, and they share it only once they span the same range),
+    then multiplied by it with the bias added, in place."""
+    r = rows.abs().amax(dim=1, keepdim=True).clamp_(min=TINY)
+    y = torch.ops.quantized.linear_dynamic(rows / r, _packed(weight_t, scale), True)
+    return torch.addcmul(bias, y, r, out=y if out is None else out)
 
 
 @torch.no_grad()

@@ -1,7 +1,10 @@
 """The int8 linear layer's kernel: the same numbers, bit for bit, as its torch operations,
 and those operations, with a warning, where the kernel cannot be had; its product of each
-sentence's int8 rows by its hypotheses within float32's rounding of torch's."""
+sentence's int8 rows by its hypotheses within float32's rounding of torch's; fbgemm's product,
+where torch._int_mm is slow, within the bound of its 7-bit activations, its weights packed once;
+and the choice between the two."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -93,11 +96,11 @@ def test_int8_linear_writes_into_out_and_keeps_leading_dimensions():
     """As the layers call it: B x T x in, into W_o's reused logits or a new tensor."""
     x, weight_t, scale, bias = operands(12, 40, 30, seed=3)
     out = torch.empty(12, 30)
-    got = int8_linear.int8_linear(x.view(3, 4, 40), weight_t, scale, bias, out=out)
+    got = int8_linear.int8_linear(x.view(3, 4, 40), weight_t, scale, bias, out=out, product="int_mm")
     assert got.shape == (3, 4, 30) and got.data_ptr() == out.data_ptr()
     assert torch.equal(got.view(12, 30), int8_linear.int8_linear_torch(x, weight_t, scale, bias))
     strided = x.t().contiguous().t()  # not contiguous: the kernel takes a copy
-    assert torch.equal(int8_linear.int8_linear(strided, weight_t, scale, bias), got.view(12, 30))
+    assert torch.equal(int8_linear.int8_linear(strided, weight_t, scale, bias, product="int_mm"), got.view(12, 30))
 
 
 def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
@@ -105,7 +108,7 @@ def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
             "from convs2s_serving import int8_linear as m\n"
             "x, w = torch.randn(4, 8), torch.randint(-127, 128, (5, 8), dtype=torch.int8).t()\n"
             "s, b = torch.rand(5), torch.randn(5)\n"
-            "assert torch.equal(m.int8_linear(x, w, s, b), m.int8_linear_torch(x, w, s, b))\n"
+            "assert torch.equal(m.int8_linear(x, w, s, b, product='int_mm'), m.int8_linear_torch(x, w, s, b))\n"
             "print(m.KERNEL.load())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
                           env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
@@ -113,3 +116,86 @@ def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "int8_linear kernel is not used (no build for torch's CPU capability DEFAULT)" in proc.stdout
     assert proc.stdout.split()[-1] == "None"
+
+
+needs_fbgemm = pytest.mark.skipif(not int8_linear.fbgemm_available(), reason="this torch has no fbgemm")
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("rows, width, out", [(1, 3, 2), (9, 37, 21), (640, 256, 512), (130, 256, 9792)])
+def test_fbgemm_product_is_within_the_bound_of_its_7_bit_rows_and_writes_into_out(rows, width, out):
+    """Each row divided by its largest |x| and quantized by fbgemm to 7 bits (one scale for
+    [-1, 1], 2/127 a step), the sums exact, then multiplied back: within half a step of each
+    row's and channel's scales of the float64 product of the int8 weights, an all-zero row
+    giving the bias; into a caller's tensor, and with leading dimensions, as the layers call it."""
+    x, weight_t, scale, bias = operands(rows, width, out, seed=4)
+    x[0] = 0
+    w = weight_t.t().double() * scale.double()[:, None]
+    exact = x.double() @ w.t() + bias.double()
+    target = torch.full((rows, out), float("nan"))
+    got = int8_linear.int8_linear(x[None], weight_t, scale, bias, out=target, product="fbgemm")
+    assert got.shape == (1, rows, out) and got.data_ptr() == target.data_ptr()
+    r = x.abs().amax(1, keepdim=True).double()
+    bound = (1 / 127) * r * w.abs().sum(1) + 1e-5 * (x.abs().double() @ w.abs().t() + bias.abs().double())
+    assert ((got[0].double() - exact).abs() <= bound).all()
+    assert torch.equal(got[0, 0], bias)
+    assert torch.equal(int8_linear.int8_linear(x, weight_t, scale, bias, product="fbgemm"), got[0])
+
+
+@needs_fbgemm
+def test_fbgemm_packs_a_tensor_of_weights_once_and_again_when_it_changes():
+    """A layer's weights are packed on their first product and kept while they live; weights
+    changed in place (or their scales) are packed again, so no product reads stale weights."""
+    x, weight_t, scale, bias = operands(8, 64, 48, seed=5)
+    owner = weight_t._base
+    first = int8_linear._packed(weight_t, scale)
+    assert int8_linear._packed(owner.t(), scale) is first  # another view of the same weights
+    before = int8_linear.int8_linear(x, weight_t, scale, bias, product="fbgemm")
+    owner.neg_()
+    assert int8_linear._packed(weight_t, scale) is not first
+    after = int8_linear.int8_linear(x, weight_t, scale, bias, product="fbgemm")
+    torch.testing.assert_close(after - bias, -(before - bias))
+    scale.mul_(2)
+    torch.testing.assert_close(int8_linear.int8_linear(x, weight_t, scale, bias, product="fbgemm") - bias,
+                               2 * (after - bias))
+    del owner, weight_t, first
+    assert not any(len(v) and k.shape == (48, 64) for k, v in int8_linear._PACKED.items())
+
+
+def chosen(env):
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "from convs2s_serving import int8_linear as m\n"
+            "print(m.chosen_product(), m.weight_levels())")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
+                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_the_product_is_measured_logged_and_can_be_pinned():
+    """Unpinned, the product is measured: fbgemm where torch._int_mm took over PRODUCT_MARGIN
+    times its time, with the figures logged; CONVS2S_INT8_PRODUCT pins it, and a value this
+    torch lacks is refused."""
+    env = {k: v for k, v in os.environ.items() if k != int8_linear.PRODUCT_ENV}
+    proc = subprocess.run([sys.executable, "-c", "import logging, sys; "
+                           "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+                           "from convs2s_serving import int8_linear as m\n"
+                           "f = m.probe_products()\n"
+                           "print(m.chosen_product(), f['int_mm'] / f['fbgemm'], m.weight_levels())"],
+                          cwd=ROOT, text=True, timeout=300, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    logged = re.search(r"int8 products: (\w+) \(128 x 512 -> 2048: torch._int_mm ([\d.]+) ms, fbgemm ([\d.]+) ms",
+                       proc.stdout)
+    product, ratio, levels = proc.stdout.split()[-3:]
+    if int8_linear.fbgemm_available():
+        assert logged and logged.group(1) == product, proc.stdout
+        if float(ratio) > 3 * int8_linear.PRODUCT_MARGIN:  # far from the margin: not a close call
+            assert product == "fbgemm" and levels == "127"
+        elif float(ratio) < int8_linear.PRODUCT_MARGIN / 3:
+            assert product == "int_mm"
+    for pinned in ("int_mm", "fbgemm"):
+        proc = chosen({int8_linear.PRODUCT_ENV: pinned})
+        if pinned == "fbgemm" and not int8_linear.fbgemm_available():
+            continue
+        assert proc.returncode == 0 and proc.stdout.split()[-2] == pinned, proc.stdout[-3000:]
+        assert "int8 products:" not in proc.stdout  # pinned: nothing measured
+    proc = chosen({int8_linear.PRODUCT_ENV: "vnni"})
+    assert proc.returncode != 0 and "CONVS2S_INT8_PRODUCT='vnni': this torch has int_mm" in proc.stdout

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from convs2s_serving.int8_linear import weight_levels
+from convs2s_serving.int8_linear import activation_levels, weight_levels
 
 from cli_helpers import hypotheses, run
 from fairseq_convs2s_ext import ConvS2SModel
@@ -24,8 +24,9 @@ from tiny_runs import USER_DIR, prepare, train
 
 TEST_SENTENCES = 20  # tiny_runs.SPLITS' test lines
 # The weights' step, and so the int8 error, is twice as large with 7-bit weights (a CPU without
-# VNNI, where 8-bit ones would overflow oneDNN's int16 pair sums: weight_levels)
-COARSER = 127 / weight_levels()
+# VNNI, where 8-bit ones would overflow oneDNN's int16 pair sums: weight_levels); the rows' step
+# is with 7-bit activations (fbgemm's product, where torch._int_mm is slow: activation_levels)
+COARSER = max(127 / weight_levels(), 127 / activation_levels())
 
 
 def operands(rows=37, columns=96, outputs=50, seed=0):
@@ -52,7 +53,7 @@ def test_int8_layer_is_within_the_bound_of_its_per_row_and_per_channel_scales():
     got = layer(x).detach()
     q, s = quantize_weight(linear.weight.detach())
     w_hat = q.float() * s[:, None]
-    r = x.abs().amax(1, keepdim=True) / 127
+    r = x.abs().amax(1, keepdim=True) / activation_levels()
     bound = s / 2 * x.abs().sum(1, keepdim=True) + r / 2 * w_hat.abs().sum(1)
     slack = 1e-5 * (x.abs() @ linear.weight.detach().abs().t() + linear.bias.detach().abs())  # float32 rounding
     assert ((got - expected).abs() <= bound + slack).all()
@@ -71,10 +72,10 @@ def test_int8_products_are_exact_integer_sums_converted_in_place():
     p = torch.round(x / r)
     exact = (p.double() @ q.double().t()) * r.double() * s.double() + linear.bias.detach().double()
     out = torch.full((5, 13), float("nan"))
-    got = int8_linear(x, q.t(), s, linear.bias.detach(), out=out)
+    got = int8_linear(x, q.t(), s, linear.bias.detach(), out=out, product="int_mm")
     assert got.data_ptr() == out.data_ptr()
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(int8_linear(x[None], q.t(), s, linear.bias.detach())[0], got)
+    torch.testing.assert_close(int8_linear(x[None], q.t(), s, linear.bias.detach(), product="int_mm")[0], got)
     assert torch.equal(torch._int_mm(p.to(torch.int8), q.t()),
                        (p.long() @ q.long().t()).to(torch.int32))
 
@@ -100,7 +101,7 @@ def test_int8_sums_are_exact_where_onednn_multiplies_without_vnni():
     products into a saturating int16, so 8-bit weights gave wrong sums (99% of them at random
     operands, and translations changed); the weights are then quantized to 7 bits, and
     the int8 layer's output is the exact product of its int8 operands again."""
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", CONVS2S_INT8_PRODUCT="int_mm")
     proc = subprocess.run([sys.executable, "-c", AVX2_EXACTNESS], env=env, text=True, capture_output=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -145,7 +146,8 @@ def test_quantize_replaces_every_linear_layer_of_the_encoder_and_decoder_once():
 
 def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection():
     """Incremental decoding, step by step, of the int8 decoder against the float32 one (logits
-    within 3% in norm, the same best word nearly everywhere); W_o tied to the embeddings
+    within 3% in norm, the same best word nearly everywhere: in 90%, in 80% with twice the
+    step of fbgemm's 7-bit rows, on this untrained model's close logits); W_o tied to the embeddings
     stays tied (fc2 is not folded then, and is quantized itself)."""
     torch.manual_seed(1)
     for overrides in ({}, {"share_input_output_embed": True}):
@@ -156,7 +158,7 @@ def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection
             quantize_([model], "int8")
             got = decode_incrementally(model, src, prev)
         assert (got - expected).norm() / expected.norm() < 0.03 * COARSER, overrides
-        assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9, overrides
+        assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 1 - 0.1 * COARSER, overrides
         if overrides:
             assert model.decoder.output_projection.weight is model.decoder.embed.tokens.weight
             assert isinstance(model.decoder.fc2, Int8Linear)

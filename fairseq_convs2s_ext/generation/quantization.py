@@ -8,11 +8,12 @@ outside a beam search's projected sources, the attention's projections. Each of 
 decoder's linear layers, and of the encoder's, is replaced here by an int8 one:
 
 - weights per output channel i, symmetric: w_ij ~ s_i q_ij with s_i = max_j |w_ij| / L, where
-  L is 127 on a CPU with VNNI (or AMX) and 63 on one without, such as an AVX2 CPU: there
-  oneDNN's int8 product adds pairs of products into a saturating int16, which 7-bit weights
-  cannot overflow (:func:`convs2s_serving.int8_linear.weight_levels` measures which);
+  L is 127 where oneDNN's int8 product runs with VNNI (or AMX), and 63 where it runs without
+  (an Intel CPU held to AVX2): there it adds pairs of products into a saturating int16, which
+  7-bit weights cannot overflow (:func:`convs2s_serving.int8_linear.weight_levels` measures
+  which); 127 with fbgemm's product (below);
 - activations per row m, when they are multiplied (dynamic): x_mj ~ r_m p_mj with
-  r_m = max_j |x_mj| / 127;
+  r_m = max_j |x_mj| / 127 (with fbgemm's product, 7 bits: twice the step);
 - y_mi = r_m s_i sum_j p_mj q_ij + b_i, the sum exact in int32.
 
 A row's scale is its own, so a hypothesis whose features are small keeps its precision
@@ -44,7 +45,13 @@ best of 9 rounds, because other jobs shared the machine: two runs, at load avera
 - ``torch.ops.aten._weight_int8pack_mm`` (int8 weights, float activations): 0.02-0.05x.
 
 So the products are ``torch._int_mm``'s (oneDNN's s8 x s8 -> s32 gemm, as ``ONEDNN_VERBOSE=1``
-shows). Its name is private; it is the op torchao and torch's compiler lower int8 products
+shows), where it is fast. On an AVX2-only AMD EPYC (2 cores, torch 2.13) it did not reach
+oneDNN (``ONEDNN_VERBOSE=1`` printed nothing) and took 36-47x float32's time at W_o's shape,
+where fbgemm's ``linear_dynamic`` took 0.7x (1 and 2 threads). There the products are fbgemm's,
+each row divided by its largest |x| before it and multiplied by it after, so that the rows
+keep scales of their own (:mod:`convs2s_serving.int8_linear`, which measures the two once a
+process, :func:`~convs2s_serving.int8_linear.chosen_product`, and says what fbgemm costs).
+``torch._int_mm``'s name is private; it is the op torchao and torch's compiler lower int8 products
 to, and ``tests/test_quantize.py`` checks its integer results exactly, so a change of it fails
 there. The quantization of the rows before it and the conversion of the int32 sums after it
 are one C++ kernel (:mod:`convs2s_serving.int8_linear`, the same numbers as torch's seven
@@ -90,7 +97,9 @@ import logging
 
 import torch
 import torch.nn as nn
-from convs2s_serving.int8_linear import KERNEL, TINY, int8_linear, int8_rows_by_sentence, weight_levels
+from convs2s_serving.int8_linear import (
+    KERNEL, TINY, chosen_product, int8_linear, int8_rows_by_sentence, weight_levels,
+)
 from torch.nn.utils import parametrize
 
 from ..models.convs2s_decoder import ConvS2SDecoder
@@ -113,8 +122,9 @@ def check_mode(mode: str) -> str:
 
 def quantize_weight(weight: torch.Tensor):
     """(q, s): int8 q (out x in) and float32 s (out) with weight ~ s[:, None] * q, one scale
-    per output channel, q within the levels whose products this CPU sums exactly
-    (:func:`convs2s_serving.int8_linear.weight_levels`: 127, or 63 without VNNI)."""
+    per output channel, q within the levels whose products this CPU's int8 product sums
+    exactly (:func:`convs2s_serving.int8_linear.weight_levels`: 127, or 63 where oneDNN's
+    runs without VNNI)."""
     levels = weight_levels()
     if levels is None:
         raise QuantizeOptionError("--quantize int8: torch's int8 matrix product (torch._int_mm) does not sum "
@@ -219,6 +229,10 @@ def quantize_(models, mode: str = "int8") -> int:
     are, so that a hub's generator, built at every call, quantizes once."""
     if check_mode(mode) == "none":
         return 0
+    try:
+        product = chosen_product()
+    except ValueError as e:  # CONVS2S_INT8_PRODUCT set to what this torch does not have
+        raise QuantizeOptionError(f"--quantize int8: {e}") from None
     replaced = 0
     for model in models:
         decoder = getattr(model, "decoder", None)
@@ -240,5 +254,6 @@ def quantize_(models, mode: str = "int8") -> int:
     if replaced:
         KERNEL.load()  # built now, if need be, rather than during the first batch
         logger.info("int8: %d linear layers of the encoder and decoder multiply in int8 (per-channel "
-                    "weights, per-row activations)", replaced)
+                    "weights, per-row activations; products by %s)", replaced,
+                    "torch._int_mm" if product == "int_mm" else "fbgemm")
     return replaced
