@@ -451,20 +451,24 @@ class ProcessesSystem:
             process.close()
 
 
-def measure_each_alone(names, models, args, data_bin, sentences):
+def measure_each_alone(names, models, args, data_bin, sentences, each_phase=None):
     """:func:`measure` with each system in a process of its own (:class:`SystemProcess`), as
-    trained and at equal work: {phase: {name: result}}. The systems still take turns pass by
-    pass, so a change in the machine's speed reaches all of them alike, but no two share a
-    process: CTranslate2 has an OpenMP runtime of its own beside torch's, and a server runs
-    one system, not eight."""
-    runs = []
+    trained and at equal work: {phase: {name: result}}, each phase also handed to
+    ``each_phase(phase, results)`` as it ends (a run of an hour shows its first table half-way).
+    The systems still take turns pass by pass, so a change in the machine's speed reaches all
+    of them alike, but no two share a process: CTranslate2 has an OpenMP runtime of its own
+    beside torch's, and a server runs one system, not eight."""
+    runs, results = [], {}
     try:
         for name in names:
             log(f"starting {name} in a process of its own")
             system = ProcessesSystem if name in SPLIT else SystemProcess
             runs.append(system(name, models, args, data_bin))
-        return {phase: measure(runs, args.repeats, forced, sentences)
-                for phase, forced in (("as trained", None), ("equal work", args.forced_length))}
+        for phase, forced in (("as trained", None), ("equal work", args.forced_length)):
+            results[phase] = measure(runs, args.repeats, forced, sentences)
+            if each_phase is not None:
+                each_phase(phase, results[phase])
+        return results
     finally:
         for run in runs:
             run.close()
@@ -510,28 +514,33 @@ def quality(args, data_bin):
               f"{results[setting]['sentences/s']:.1f} sentences/s against {results['ours float32']['sentences/s']:.1f}")
 
 
-def print_table(as_trained, equal_work, machine, args):
+def print_header(machine, args):
     print(f"machine: {machine['cpu']}; torch.mm 2048^3 fp32 {machine['gflops']:.0f} GFLOP/s; {args.threads} threads; "
-          f"load average {machine['load before']} before, {machine['load after']} after")
+          f"load average {machine['load before']} before")
     print(f"commit {machine['commit']}; beam {args.beam}, batch {args.batch_size}, {machine['sentences']} sentences "
-          f"of test_2016_flickr; models trained {args.train_minutes:g} minutes each")
+          f"of test_2016_flickr; models trained {args.train_minutes:g} minutes each", flush=True)
+
+
+def print_phase(phase, results, args):
+    """One phase's table, printed as soon as it is measured (and, as trained, scored)."""
+    peer = results[PEER]["sentences/s"]
     print()
-    print(f"| as trained | sentences/s | x {PEER} | target tokens/s | sacreBLEU | int8 - float32, 95% interval |")
-    print("|---|---:|---:|---:|---:|---:|")
-    peer = as_trained[PEER]["sentences/s"]
-    for name, r in as_trained.items():
-        low, high = r.get("BLEU - float32, 95%", (None, None))
-        interval = f"{low:+.2f} to {high:+.2f} ({r['identical to float32']} identical)" if low is not None else ""
-        print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
-              f"{r['BLEU']:.2f} | {interval} |")
-    print()
-    print(f"| equal work ({args.forced_length} words and </s>) | sentences/s | x {PEER} | target tokens/s "
-          "| tokens a hypothesis |")
-    print("|---|---:|---:|---:|---:|")
-    peer = equal_work[PEER]["sentences/s"]
-    for name, r in equal_work.items():
-        print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
-              f"{r['mean length']:.1f} |")
+    if phase == "as trained":
+        print(f"| as trained | sentences/s | x {PEER} | target tokens/s | sacreBLEU | int8 - float32, 95% interval |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, r in results.items():
+            low, high = r.get("BLEU - float32, 95%", (None, None))
+            interval = f"{low:+.2f} to {high:+.2f} ({r['identical to float32']} identical)" if low is not None else ""
+            print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
+                  f"{r['BLEU']:.2f} | {interval} |")
+    else:
+        print(f"| equal work ({args.forced_length} words and </s>) | sentences/s | x {PEER} | target tokens/s "
+              "| tokens a hypothesis |")
+        print("|---|---:|---:|---:|---:|")
+        for name, r in results.items():
+            print(f"| {name} | {r['sentences/s']:.1f} | {r['sentences/s'] / peer:.2f}x | {r['tokens/s']:.0f} | "
+                  f"{r['mean length']:.1f} |")
+    sys.stdout.flush()
 
 
 def main(argv=None):
@@ -547,11 +556,17 @@ def main(argv=None):
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
                "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
     log(f"translating {sentences} sentences with {len(SYSTEMS)} systems, {args.repeats} passes each")
-    results = measure_each_alone(SYSTEMS, models, args, data_bin, sentences)
+    print_header(machine, args)
+
+    def each_phase(phase, results):
+        if phase == "as trained":
+            score(results, references)
+        print_phase(phase, results, args)
+
+    results = measure_each_alone(SYSTEMS, models, args, data_bin, sentences, each_phase)
     as_trained, equal_work = results["as trained"], results["equal work"]
-    score(as_trained, references)
     machine["load after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print_table(as_trained, equal_work, machine, args)
+    print(f"\nload average {machine['load after']} after")
     if args.json:
         strip = {"text"}
         Path(args.json).write_text(json.dumps({

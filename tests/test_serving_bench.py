@@ -150,8 +150,8 @@ def test_the_vocabulary_map_holds_ctranslate2_to_our_candidates(models, candidat
 def test_each_system_is_measured_in_a_fresh_process_of_its_own(models, candidates, tmp_path):
     """measure_each_alone builds each system in a process of its own (spawned: nothing of the
     others is loaded there; CTranslate2 never in the caller's) and gives each phase's result of
-    each: the whole set translated, forced to the length at equal work. Run in a bounded
-    subprocess."""
+    each: the whole set translated, forced to the length at equal work; each phase is handed
+    to the caller as it ends. Run in a bounded subprocess."""
     data_bin, transformer, convs2s = models
     task = translation_task(data_bin)
     selection = convs2s_task(data_bin, vocab_selection=candidates, quantize="int8").vocabulary_selection
@@ -165,17 +165,21 @@ from bench.serving import PEER, Models, measure_each_alone
 models = Models({paths}, None, Path({str(candidates)!r}), Path({str(vmap)!r}))
 args = argparse.Namespace(beam=5, batch_size=8, threads=1, batches=None, repeats=1, forced_length={FORCED})
 names = [PEER, PEER + ", vocabulary map", "ours int8, vocabulary selection"]
-results = measure_each_alone(names, models, args, Path({str(data_bin)!r}), {sentences})
+phases = []
+results = measure_each_alone(names, models, args, Path({str(data_bin)!r}), {sentences},
+                             lambda phase, by_name: phases.append([phase, sorted(by_name)]))
+print(json.dumps(phases))
 print(json.dumps({{phase: {{name: [r["text"], r["tokens"], r["sentences/s"]] for name, r in by_name.items()}}
                   for phase, by_name in results.items()}}))
 print(json.dumps("ctranslate2" in sys.modules))
 """
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results_line, loaded_line = proc.stdout.strip().splitlines()[-2:]
+    phases_line, results_line, loaded_line = proc.stdout.strip().splitlines()[-3:]
     assert json.loads(loaded_line) is False
     results = json.loads(results_line)
     assert list(results) == ["as trained", "equal work"]
+    assert json.loads(phases_line) == [[phase, sorted(by_name)] for phase, by_name in results.items()]
     for phase, by_name in results.items():
         assert len(by_name) == 3, phase
         for name, (text, tokens, speed) in by_name.items():
