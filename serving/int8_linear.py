@@ -20,12 +20,12 @@ per-channel weights; :mod:`fairseq_convs2s_ext.generation.quantization` says wha
 ``fbgemm`` is chosen only where ``torch._int_mm`` measured more than PRODUCT_MARGIN times its
 time (a slow fallback, not a close race: so that the choice does not flip from run to run,
 and the more precise product is kept where both are fast), or where ``torch._int_mm`` does not
-sum exactly. ``CONVS2S_INT8_PRODUCT=int_mm`` or ``fbgemm`` pins it. A warning says where the chosen
-product measured over SLOWER_THAN_FLOAT32 times float32's time.
+sum exactly. ``CONVS2S_INT8_PRODUCT=int_mm`` or ``fbgemm`` pins it. A warning says where the
+chosen product measured over SLOWER_THAN_FLOAT32 times float32's time.
 
 With ``int_mm``, as torch operations (:func:`int8_linear_torch`) it is seven passes over
-memory: the rows' largest |x|, the division, the rounding, the int8 copy, the product (``torch._int_mm``),
-then the int32 sums converted, scaled by row and by channel with the bias added; at the
+memory: the rows' largest |x|, the division, the rounding, the int8 copy, the product
+(``torch._int_mm``), then the int32 sums converted, scaled by row and by channel with the bias added; at the
 decoder's shapes all but the product took about as long as the product itself (a beam
 search's profile, 2 threads, AMD EPYC with VNNI). The kernel in ``int8_linear.cpp`` does the
 same in three: each row quantized while in cache, the product, the sums turned into the
@@ -186,7 +186,7 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
 
 
-_PACKED = WeakTensorKeyDictionary()  # int8 weights -> {their layout: fbgemm's packed copy}
+_PACKED = WeakTensorKeyDictionary()  # int8 weights -> (the layout packed, fbgemm's packed copy)
 
 
 @contextlib.contextmanager
@@ -206,15 +206,14 @@ def _packed(weight_t: torch.Tensor, scale: torch.Tensor):
     owner = weight_t if weight_t._base is None else weight_t._base
     layout = (tuple(weight_t.shape), weight_t.stride(), weight_t.storage_offset(), owner._version,
               scale.data_ptr(), scale._version)
-    known = _PACKED.setdefault(owner, {})
-    if layout not in known:
+    known = _PACKED.get(owner)
+    if known is None or known[0] != layout:
         with warnings.catch_warnings(), _fbgemm_engine():
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
             weight = torch._make_per_channel_quantized_tensor(
                 weight_t.t().contiguous(), scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
-            known.clear()
-            known[layout] = torch.ops.quantized.linear_prepack(weight, None)
-    return known[layout]
+            known = _PACKED[owner] = layout, torch.ops.quantized.linear_prepack(weight, None)
+    return known[1]
 
 
 def _fbgemm_linear(rows, weight_t, scale, bias, out=None):
