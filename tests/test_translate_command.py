@@ -76,10 +76,15 @@ def test_an_empty_line_stays_empty_and_int8_translates_every_line(model):
 
 
 @pytest.mark.parametrize("problem", ["no input", "not utf-8", "folder as path", "zero beam", "no workers",
-                                     "long line"])
+                                     "long line", "no dictionary", "not a dictionary"])
 def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     prepared, checkpoint = model
     source, path, options = tmp_path / "in.en", checkpoint, []
+    dictionary = tmp_path / "align.dict"
+    if problem.endswith("dictionary"):  # refused before the model loads, named alone
+        options = ["--replace-unk", dictionary]
+    if problem == "not a dictionary":
+        write_lines(dictionary, ["Hund dog", "Katze"])
     if problem == "not utf-8":
         source.write_bytes("A dog runs.\n".encode() * 3 + "Caf\xe9\n".encode("latin-1"))
     elif problem == "long line":  # in the second chunk of 2 lines: its line in the file is named
@@ -101,9 +106,27 @@ def test_bad_input_is_one_line_and_writes_nothing(model, tmp_path, problem):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: "), done.stderr
     named = {"no input": str(source), "not utf-8": str(source), "folder as path": str(path), "zero beam": "--beam",
-             "no workers": "--workers", "long line": f"{source}: line 4 is 1101 tokens long"}
+             "no workers": "--workers", "long line": f"{source}: line 4 is 1101 tokens long",
+             "no dictionary": f"{dictionary}: no such --replace-unk dictionary",
+             "not a dictionary": f"{dictionary} line 2: 'Katze' has 1 words"}
     assert named[problem] in lines[0]
-    assert not out.exists() and list(tmp_path.iterdir()) == ([source] if source.exists() else [])
+    if problem not in ("no input", "not utf-8", "long line"):
+        assert str(source) not in lines[0], "the input is named where it is not what is wrong"
+    assert not out.exists() and sorted(tmp_path.iterdir()) == sorted(p for p in (source, dictionary) if p.exists())
+
+
+def test_a_failure_on_stdout_says_which_translations_it_holds(model):
+    """From stdin to stdout, a line that fails in the second chunk is named by its line in
+    the input ("stdin"), and the error says that stdout holds the first chunk's translations,
+    which it does, not that nothing was written."""
+    prepared, checkpoint = model
+    done = translate(checkpoint, prepared, "--chunk", 2, stdin="\n".join(["A dog runs."] * 3 + ["dog " * 1100]) + "\n")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: stdin: line 4 is 1101 tokens long"), \
+        done.stderr
+    assert lines[0].endswith("; stdout has the translations of lines 1-2 only"), lines[0]
+    assert len(done.stdout.splitlines()) == 2 and all(done.stdout.splitlines()), done.stdout
 
 
 def test_a_worker_that_dies_is_one_line_and_writes_nothing(model, tmp_path):

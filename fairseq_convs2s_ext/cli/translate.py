@@ -40,6 +40,7 @@ from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokeniz
 
 from ..excepthook import install_excepthook
 from ..generation.quantization import QUANTIZE_MODES
+from ..generation.unknown_words import AlignDictError, read_align_dict
 from ..models.hub_interface import SentenceTooLong
 from ..models.hub_workers import HubWorkers
 from ..threads import apply_to_command as choose_command_threads
@@ -123,14 +124,14 @@ def main(argv=None):
                 sentences += len(chunk)
     except UnicodeDecodeError as e:
         sys.exit(f"convs2s-translate: error: {where}: not UTF-8 text (byte {e.start} of line "
-                 f"{sentences + 1} or after): convert it first, e.g. iconv -t UTF-8; nothing was written")
+                 f"{sentences + 1} or after): convert it first, e.g. iconv -t UTF-8; {written(args, sentences)}")
     except SentenceTooLong as e:  # its line in the file: the hub counts within the chunk
         sys.exit(f"convs2s-translate: error: {where}: {e.named(f'line {sentences + e.index + 1}')}; "
-                 "nothing was written")
-    except ValueError as e:
-        sys.exit(f"convs2s-translate: error: {args.input}: {e}; nothing was written")
+                 f"{written(args, sentences)}")
+    except ValueError as e:  # the hub's: its message names what is wrong (a --replace-unk dictionary's line)
+        sys.exit(f"convs2s-translate: error: {e}; {written(args, sentences)}")
     except BrokenProcessPool:
-        sys.exit(f"{WORKER_DIED}; nothing was written")
+        sys.exit(f"{WORKER_DIED}; {written(args, sentences)}")
     finally:
         translator.close()
     rate = f": {sentences / seconds:.1f} sentences/s" if seconds else ""
@@ -153,12 +154,25 @@ def check(args):
         return f"{args.input}: no such file: -i takes a text file, a sentence a line (or leave it out for stdin)"
     if args.output != "-" and os.path.isdir(args.output):
         return f"{args.output}: a folder: -o takes the file to write"
+    if args.replace_unk:  # read before the model loads, as the hub reads it again for each chunk
+        try:
+            read_align_dict(args.replace_unk)
+        except AlignDictError as e:
+            return str(e)
     if args.workers > 1 and torch.cuda.is_available() and not args.cpu:
         return f"--workers {args.workers} translates on the CPU: add --cpu (or leave --workers out for the GPU)"
     for name in ("beam", "batch_size", "chunk", "workers"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}"
     return None
+
+
+def written(args, sentences):
+    """What a failed run left written, the end of its error line: a file is written whole or
+    not at all; stdout has the translations of the chunks done before the failure."""
+    if args.output != "-" or sentences == 0:
+        return "nothing was written"
+    return f"stdout has the translations of lines 1-{sentences} only"
 
 
 def _chunks(lines, size):
