@@ -25,13 +25,13 @@ chosen product measured over SLOWER_THAN_FLOAT32 times float32's time.
 
 With ``int_mm``, as torch operations (:func:`int8_linear_torch`) it is seven passes over
 memory: the rows' largest |x|, the division, the rounding, the int8 copy, the product
-(``torch._int_mm``), then the int32 sums converted, scaled by row and by channel with the bias added; at the
-decoder's shapes all but the product took about as long as the product itself (a beam
-search's profile, 2 threads, AMD EPYC with VNNI). The kernel in ``int8_linear.cpp`` does the
-same in three: each row quantized while in cache, the product, the sums turned into the
-output in place; the same numbers, bit for bit. It is compiled on first use
-(:mod:`.kernels`) and used after it has matched the torch operations; where it cannot be
-had, they do the work.
+(``torch._int_mm``), then the int32 sums converted, scaled by row and by channel with the
+bias added; at the decoder's shapes all but the product took about as long as the product
+itself (a beam search's profile, 2 threads, AMD EPYC with VNNI). The kernel in
+``int8_linear.cpp`` does the same in three: each row quantized while in cache, the product,
+the sums turned into the output in place; the same numbers, bit for bit. It is compiled on
+first use (:mod:`.kernels`) and used after it has matched the torch operations; where it
+cannot be had, they do the work.
 
 With vocabulary selection, each sentence's own candidate words' rows of W_o are multiplied by
 that sentence's hypotheses alone, a product per sentence that ``torch._int_mm`` does not

@@ -154,7 +154,7 @@ def check(args):
         return f"{args.input}: no such file: -i takes a text file, a sentence a line (or leave it out for stdin)"
     if args.output != "-" and os.path.isdir(args.output):
         return f"{args.output}: a folder: -o takes the file to write"
-    if args.replace_unk:  # read before the model loads, as the hub reads it again for each chunk
+    if args.replace_unk:  # a bad one refused before the model loads (the hub reads it at each chunk)
         try:
             read_align_dict(args.replace_unk)
         except AlignDictError as e:
