@@ -54,7 +54,7 @@ import warnings
 from typing import Dict, Optional
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .kernels import Kernel
 
@@ -186,7 +186,9 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
 
 
-_PACKED = WeakTensorKeyDictionary()  # int8 weights -> (the layout packed, fbgemm's packed copy)
+# fbgemm's packed copies of int8 weights: (their storage, offset, shape, strides) ->
+# (a weak reference to the storage, the versions and scales packed, the packed copy)
+_PACKED: Dict[tuple, tuple] = {}
 
 
 @contextlib.contextmanager
@@ -201,19 +203,34 @@ def _fbgemm_engine():
 
 def _packed(weight_t: torch.Tensor, scale: torch.Tensor):
     """fbgemm's packed copy of the int8 weights ``weight_t`` (in x out, per-channel ``scale``),
-    made on first use and kept while the weights' tensor lives (a layer's, a program's, or
-    vocabulary selection's rows of a batch); made again if they or their scales changed."""
-    owner = weight_t if weight_t._base is None else weight_t._base
-    layout = (tuple(weight_t.shape), weight_t.stride(), weight_t.storage_offset(), owner._version,
-              scale.data_ptr(), scale._version)
-    known = _PACKED.get(owner)
-    if known is None or known[0] != layout:
+    made on first use and kept while the weights' memory lives (a layer's, a program's, or
+    vocabulary selection's rows of a batch); made again if they or their scales changed.
+
+    Weights are known by their memory (storage, offset, shape, strides), not by their tensor:
+    a compiled program (:mod:`.compiled`) hands the operation new tensors over its weights
+    at every call. A weak reference to the storage keeps its address from being reused while
+    the entry lives, and tells when it died. Inference tensors (made under
+    ``torch.inference_mode``, as a compiled program's are) keep no version counter: their
+    weights are taken as fixed."""
+    storage = weight_t.untyped_storage()
+    key = (storage._cdata, weight_t.storage_offset(), tuple(weight_t.shape), weight_t.stride())
+    state = (_version(weight_t), scale.data_ptr(), _version(scale))
+    known = _PACKED.get(key)
+    if known is None or known[0].expired() or known[1] != state:
+        for stale in [k for k, entry in _PACKED.items() if entry[0].expired()]:
+            del _PACKED[stale]
         with warnings.catch_warnings(), _fbgemm_engine():
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
             weight = torch._make_per_channel_quantized_tensor(
                 weight_t.t().contiguous(), scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
-            known = _PACKED[owner] = layout, torch.ops.quantized.linear_prepack(weight, None)
-    return known[1]
+            known = _PACKED[key] = StorageWeakRef(storage), state, torch.ops.quantized.linear_prepack(weight, None)
+    return known[2]
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """How many times ``tensor``'s memory was changed in place (0 for an inference tensor,
+    which does not count)."""
+    return 0 if tensor.is_inference() else tensor._version
 
 
 def _fbgemm_linear(rows, weight_t, scale, bias, out=None):

@@ -158,8 +158,35 @@ def test_fbgemm_packs_a_tensor_of_weights_once_and_again_when_it_changes():
     scale.mul_(2)
     torch.testing.assert_close(int8_linear.int8_linear(x, weight_t, scale, bias, product="fbgemm") - bias,
                                2 * (after - bias))
+    entries = [k for k in int8_linear._PACKED if k[2] == (64, 48)]
     del owner, weight_t, first
-    assert not any(k.shape == (48, 64) for k in int8_linear._PACKED.keys())
+    assert all(int8_linear._PACKED[k][0].expired() for k in entries)
+    int8_linear._packed(*operands(8, 32, 16, seed=6)[1:3])  # packing others drops the dead weights' copies
+    assert not any(k in int8_linear._PACKED for k in entries)
+
+
+@needs_fbgemm
+def test_fbgemm_packs_inference_tensors_and_weights_sharing_memory():
+    """Weights made under ``torch.inference_mode`` (no version counter), handed over as new
+    tensors at every call, some of them in one memory as a compiled program's constants are:
+    each is packed once and multiplied as its own (before, an inference tensor's product
+    failed: "Inference tensors do not track version counter")."""
+    x, weight_t, scale, bias = operands(8, 64, 48, seed=7)
+    _, other_t, other_scale, other_bias = operands(8, 64, 48, seed=8)
+    expected = [int8_linear.int8_linear(x, w, s, b, product="fbgemm")
+                for w, s, b in ((weight_t, scale, bias), (other_t, other_scale, other_bias))]
+    with torch.inference_mode():
+        blob = torch.cat([weight_t.t().reshape(-1), other_t.t().reshape(-1)])  # one storage, both layers
+        layers = [(blob[i * 48 * 64:(i + 1) * 48 * 64].view(48, 64).t(), s.clone(), b.clone())
+                  for i, (s, b) in enumerate(((scale, bias), (other_scale, other_bias)))]
+        for _ in range(2):
+            for (w, s, b), want in zip(layers, expected):
+                fresh = torch.as_strided(blob, w.shape, w.stride(), w.storage_offset())  # a new tensor each call
+                assert torch.equal(int8_linear.int8_linear(x, fresh, s, b, product="fbgemm"), want)
+        packed = [int8_linear._packed(torch.as_strided(blob, w.shape, w.stride(), w.storage_offset()), s)
+                  for w, s, _ in layers]
+        assert packed[0] is not packed[1]
+        assert int8_linear._packed(torch.as_strided(blob, (64, 48), (1, 64), 0), layers[0][1]) is packed[0]
 
 
 def chosen(env):
