@@ -110,8 +110,10 @@ PEER = "CTranslate2 int8"
 ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the peer takes a translator a thread
 PROCESSES = "ours int8, a process a thread"  # --threads processes (convs2s-translate --workers)
 SELECTION = "ours int8, vocabulary selection"
+COMPILED = "ours exported, int8, compiled"  # convs2s-serve --compile: the step compiled by AOTInductor
 # The systems of ours split into --threads processes of a thread, and the system each runs.
-SPLIT = {PROCESSES: "ours int8", f"{SELECTION}, a process a thread": SELECTION}
+SPLIT = {PROCESSES: "ours int8", f"{SELECTION}, a process a thread": SELECTION,
+         f"{COMPILED}, a process a thread": COMPILED}
 
 
 def parse_args(argv=None):
@@ -126,6 +128,8 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="passes over the test set per system; the best counts")
     parser.add_argument("--batches", type=int, default=None,
                         help="translate only N batches, spread over the lengths (bench.generation)")
+    parser.add_argument("--systems", type=lambda text: [name.strip() for name in text.split(";")], default=None,
+                        help="only these systems, separated by ';' (the peer, " + PEER + ", always runs)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--quality", metavar="CHECKPOINT",
                         help="only ours float32 against ours int8 with this trained convs2s checkpoint (of the "
@@ -136,6 +140,11 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 0.5 minutes of training, one batch of 16, one pass")
     args = parser.parse_args(argv)
+    if args.systems is not None:
+        unknown = [name for name in args.systems if name not in SYSTEMS]
+        if unknown:
+            parser.error(f"--systems: no system {unknown[0]!r}; the systems are: {'; '.join(SYSTEMS)}")
+        args.systems = [name for name in SYSTEMS if name == PEER or name in args.systems]
     if args.quick:
         args.train_minutes, args.batches, args.batch_size, args.repeats = 0.5, 1, 16, 1
     return args
@@ -264,7 +273,7 @@ class ExportedSystem:
     timed; ``quantize`` float32 or int8, as ``--quantize``) and beam-searched by
     ``convs2s_serving``, torch alone, over the same batches as fairseq's."""
 
-    def __init__(self, name, checkpoint, data_bin, args, batches, quantize="float32"):
+    def __init__(self, name, checkpoint, data_bin, args, batches, quantize="float32", compile=False):
         import tempfile
 
         from convs2s_serving import ExportedModel
@@ -279,16 +288,16 @@ class ExportedSystem:
         if quantize == "int8":
             quantize_([model])
         export(model, Path(self.folder.name) / "model")
-        self.model = ExportedModel(Path(self.folder.name) / "model")
+        self.model = ExportedModel(Path(self.folder.name) / "model", compile=compile)  # compiled: not timed
 
-    def translate(self, forced):
+    def translate(self, forced, which=None):
         from convs2s_serving import SearchOptions, beam_search
 
         options = SearchOptions(beam=self.args.beam, max_len_b=forced or 200, min_len=forced or 1)
         found = {}
         start = time.perf_counter()
         with torch.inference_mode():
-            for batch in self.batches:
+            for batch in self.batches if which is None else [self.batches[i] for i in which]:
                 hypotheses = beam_search(self.model, batch["net_input"]["src_tokens"], options)
                 found.update((i, h[0].tokens) for i, h in zip(batch["id"].tolist(), hypotheses))
         seconds = time.perf_counter() - start
@@ -325,7 +334,7 @@ class Models:
 
 SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", "fconv", "ours float32",
            "ours int8", PROCESSES, f"{PEER}, vocabulary map", SELECTION, f"{SELECTION}, a process a thread",
-           "ours exported, float32", "ours exported, int8")
+           "ours exported, float32", "ours exported, int8", COMPILED, f"{COMPILED}, a process a thread")
 
 
 def trained_models(args, data_bin):
@@ -355,7 +364,8 @@ def build_system(name, models, args, data_bin):
     if name == "fconv":
         return FairseqSystem(name, load_fconv(models.fconv, task)[0], task, args, batches)
     if name.startswith("ours exported"):
-        return ExportedSystem(name, models.convs2s, data_bin, args, batches, quantize=name.split(", ")[1])
+        return ExportedSystem(name, models.convs2s, data_bin, args, batches, quantize=name.split(", ")[1],
+                              compile=name == COMPILED)
     options = {"ours float32": {}, "ours int8": dict(quantize="int8"),
                SELECTION: dict(vocab_selection=models.candidates, quantize="int8")}[name]
     ours_task = convs2s_task(data_bin, **options)
@@ -485,7 +495,9 @@ def score(results, references):
                            *((split, "ours float32") for split in SPLIT),
                            (f"{PEER}, vocabulary map", "CTranslate2 float32"),
                            (SELECTION, "ours float32"),
-                           ("ours exported, int8", "ours exported, float32")):
+                           ("ours exported, int8", "ours exported, float32"),
+                           (COMPILED, "ours exported, float32"),
+                           (f"{COMPILED}, a process a thread", "ours exported, float32")):
         if int8 in results and baseline in results:
             results[int8]["BLEU - float32, 95%"] = bleu_difference_interval(text[baseline], text[int8], references)
             results[int8]["identical to float32"] = sum(a == b for a, b in zip(text[baseline], text[int8]))
@@ -555,7 +567,8 @@ def main(argv=None):
     sentences = len(ids)
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
                "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    log(f"translating {sentences} sentences with {len(SYSTEMS)} systems, {args.repeats} passes each")
+    systems = args.systems or SYSTEMS
+    log(f"translating {sentences} sentences with {len(systems)} systems, {args.repeats} passes each")
     print_header(machine, args)
 
     def each_phase(phase, results):
@@ -563,7 +576,7 @@ def main(argv=None):
             score(results, references)
         print_phase(phase, results, args)
 
-    results = measure_each_alone(SYSTEMS, models, args, data_bin, sentences, each_phase)
+    results = measure_each_alone(systems, models, args, data_bin, sentences, each_phase)
     as_trained, equal_work = results["as trained"], results["equal work"]
     machine["load after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nload average {machine['load after']} after")

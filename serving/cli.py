@@ -35,6 +35,10 @@ def parser():
     p.add_argument("--max-len-b", type=int, default=200, help="as fairseq-generate's (default: %(default)s)")
     p.add_argument("--min-len", type=int, default=1, help="as fairseq-generate's (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=128, help="sentences a batch (default: %(default)s)")
+    p.add_argument("--compile", action="store_true",
+                   help="run the decoder's step compiled to C++ by torch's AOTInductor: built on first use (tens of "
+                        "seconds, kept in $CONVS2S_SERVING_CACHE or ~/.cache/convs2s-serving), then faster steps, "
+                        "most of all for small batches")
     return p
 
 
@@ -48,7 +52,7 @@ def main(argv=None):
     from .translator import ExportedModel, translate
 
     try:
-        model = ExportedModel(args.model)
+        model = ExportedModel(args.model, compile=args.compile)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-serve: error: {e}")
     try:

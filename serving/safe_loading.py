@@ -61,10 +61,15 @@ class UnsafeArchive(ValueError):
 def load_program(path: str):
     """The program of the ``.pt2`` file ``path`` as a callable module, after
     :func:`check_archive`."""
+    return load_exported(path).module()
+
+
+def load_exported(path: str) -> "torch.export.ExportedProgram":
+    """The ``torch.export`` program of the ``.pt2`` file ``path``, after :func:`check_archive`."""
     check_archive(path)
     from . import int8_linear  # noqa: F401 (registers torch.ops.convs2s.int8_linear, which int8 programs call)
 
-    return torch.export.load(path).module()
+    return torch.export.load(path)
 
 
 def load_tensors(path: str, expected) -> dict:

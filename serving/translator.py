@@ -21,7 +21,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import int8_linear, top_log_probs
-from .safe_loading import load_program, load_tensors
+from .compiled import CompiledStep
+from .safe_loading import load_exported, load_program, load_tensors
 from .search import Hypothesis, SearchOptions, beam_search
 
 FORMAT = 2  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
@@ -32,9 +33,11 @@ BPE_SEPARATOR = "@@"
 class ExportedModel:
     """The folder ``convs2s-export`` wrote: the encoder and the decoder's step (torch.export
     programs), the vocabularies and, where the model was trained on a ``convs2s-prepare``
-    folder, its languages and BPE codes."""
+    folder, its languages and BPE codes. ``compile``: the step compiled to C++ by
+    AOTInductor (:mod:`.compiled`), built on first use and cached; else run by torch from
+    Python."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, compile: bool = False):
         self.directory = os.fspath(directory)
         config_path = os.path.join(self.directory, "model.json")
         if not os.path.isfile(config_path):
@@ -63,7 +66,9 @@ class ExportedModel:
         self.max_target_positions = config["max_target_positions"]
         self.max_source_positions = config["max_source_positions"]
         self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
-        self.decoder_step = load_program(os.path.join(self.directory, "step.pt2"))
+        step_path = os.path.join(self.directory, "step.pt2")
+        step = load_exported(step_path)
+        self.decoder_step = CompiledStep(step_path, step) if compile else step.module()
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":

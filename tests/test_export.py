@@ -413,3 +413,73 @@ def test_any_layout_exports_and_searches_as_fairseq(tmp_path, shapes):
         assert [h.tokens.tolist() for h in ours] == [h["tokens"].tolist() for h in theirs]
         torch.testing.assert_close(torch.tensor([h.score for h in ours]), torch.stack([h["score"] for h in theirs]),
                                    rtol=0, atol=1e-5)
+
+
+def test_a_compiled_step_finds_the_same_hypotheses_and_is_built_once(exported, tmp_path, monkeypatch):
+    """``--compile`` (AOTInductor): an int8 export's n-best lists and scores as the step program
+    run from Python (the first step hands it expanded windows, which it would read wrongly
+    unless copied), the library built once into the cache and loaded from it after; and
+    ``convs2s-serve --compile`` writes what ``convs2s-serve`` writes, from the same library."""
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+    from convs2s_serving.compiled import CompiledStep
+
+    prepared, checkpoint, _ = exported
+    folder, cache = tmp_path / "int8", tmp_path / "cache"
+    run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
+    monkeypatch.setenv("CONVS2S_SERVING_CACHE", str(cache))
+    compiled, plain = ExportedModel(folder, compile=True), ExportedModel(folder)
+    assert isinstance(compiled.decoder_step, CompiledStep)
+    library = compiled.decoder_step.library
+    assert sorted(os.listdir(cache)) == [os.path.basename(library)]
+    assert os.stat(library).st_mode & 0o077 == 0
+    _, _, batches, _ = prepared_for_generation(prepared / "bin", checkpoint)
+    search = SearchOptions(beam=4, min_len=3)
+    for batch in batches:
+        with torch.inference_mode():
+            expected = beam_search(plain, batch["net_input"]["src_tokens"], search)
+            found = beam_search(compiled, batch["net_input"]["src_tokens"], search)
+        for theirs, ours in zip(expected, found):
+            assert [h.tokens.tolist() for h in ours] == [h.tokens.tolist() for h in theirs]
+            torch.testing.assert_close(torch.tensor([h.score for h in ours]), torch.tensor([h.score for h in theirs]),
+                                       rtol=0, atol=1e-4)
+    built = os.stat(library).st_mtime_ns
+    source = prepared.parent / "raw" / "test.en"
+    outputs = []
+    for options in ([], ["--compile"]):
+        out = tmp_path / f"out{len(outputs)}.de"
+        done = subprocess.run([str(BIN / "convs2s-serve"), str(folder), "-i", str(source), "-o", str(out), *options],
+                              capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT,
+                              env={**os.environ, "CONVS2S_SERVING_CACHE": str(cache)})
+        assert done.returncode == 0, done.stderr
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 20
+    assert os.stat(library).st_mtime_ns == built and sorted(os.listdir(cache)) == [os.path.basename(library)]
+
+
+@pytest.mark.parametrize("problem", ["writable by others", "another user's", "hostile program"])
+def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(exported, tmp_path, problem):
+    """A compiled step is code: a cache folder (or library) that another user owns or may write is
+    refused in one line, and a hostile program is refused before anything is compiled."""
+    _, _, folder = exported
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    marker = tmp_path / "ran"
+    if problem == "writable by others":
+        cache.chmod(0o777)
+    elif problem == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("giving a folder to another user takes root")
+        os.chown(cache, 12345, -1)
+    else:
+        folder = linked_copy(folder, tmp_path / "hostile", "step.pt2")
+        hostile("guard", exported[2] / "step.pt2", folder / "step.pt2", marker)
+    done = subprocess.run([str(BIN / "convs2s-serve"), str(folder), "--tokens", "--compile"], input="a dog\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT,
+                          env={**os.environ, "CONVS2S_SERVING_CACHE": str(cache)})
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
+    named = {"writable by others": f"{cache}: writable by others", "another user's": f"{cache}: owned by another user",
+             "hostile program": f"{folder / 'step.pt2'}: holds a guard"}
+    assert named[problem] in lines[0]
+    assert not os.listdir(cache) and not marker.exists() and not done.stdout

@@ -214,3 +214,13 @@ print(json.dumps([[r[phase][name]["text"], r[phase][name]["tokens"]]
     sentences = sum(len(batch["id"]) for batch in generation_batches(translation_task(data_bin), 8))
     assert split_trained == one_trained and split_equal == one_equal
     assert len(split_equal[0]) == sentences and split_equal[1] == (FORCED + 1) * sentences
+
+
+def test_systems_chooses_the_systems_and_keeps_the_peer(capsys):
+    from bench.serving import COMPILED, SYSTEMS, parse_args
+
+    assert parse_args(["--systems", f"{COMPILED}; ours int8"]).systems == [PEER, "ours int8", COMPILED]
+    assert parse_args([]).systems is None and COMPILED in SYSTEMS
+    with pytest.raises(SystemExit):
+        parse_args(["--systems", "ours int16"])
+    assert "--systems: no system 'ours int16'; the systems are: CTranslate2 float32;" in capsys.readouterr().err

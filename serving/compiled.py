@@ -1,0 +1,113 @@
+"""The decoder's step compiled ahead of time to C++ (``convs2s-serve --compile``,
+``ExportedModel(folder, compile=True)``): torch's AOTInductor turns the exported step program
+into a shared library that runs the step's operations with no Python between them. A step of
+a few hypotheses is mostly that Python: one sentence a batch (beam 5), an int8 export served
+1.8x the sentences a second compiled, at batches of 128 about as many (docs/performance.md,
+"One sentence at a time").
+
+The library is built from the program that :mod:`.safe_loading` checked, on this machine, and
+kept in a cache folder of the user's own (:func:`cache_folder`), under a name made of the
+program's SHA-256 and what the code was built for (torch's version, the CPU's instruction set,
+the threads): a changed program, torch or machine gets a library of its own. Building it takes
+tens of seconds once; later runs load it. A library is code: the folder and the file must be
+the user's and writable by nobody else, or they are refused (:class:`UnsafeCache`); an export
+folder never brings one (it would run whatever it holds).
+
+The compiled step assumes its inputs laid out as the exporter's examples, contiguous; the
+search hands it expanded views (the first step's windows, one row for a sentence's b
+hypotheses), which it would read wrongly without a word: :class:`CompiledStep` copies them
+first.
+"""
+import hashlib
+import logging
+import os
+import stat
+import sys
+import tempfile
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "CONVS2S_SERVING_CACHE"
+
+
+class UnsafeCache(ValueError):
+    """A cache folder or library that someone else could have written."""
+
+
+class CompileFailed(ValueError):
+    """AOTInductor could not build the step (no C++ compiler, say)."""
+
+
+def cache_folder() -> str:
+    """``$CONVS2S_SERVING_CACHE``, else ``$XDG_CACHE_HOME/convs2s-serving`` (``~/.cache`` by
+    default)."""
+    folder = os.environ.get(CACHE_ENV)
+    if not folder:
+        folder = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "convs2s-serving")
+    return folder
+
+
+class CompiledStep:
+    """The step program ``path`` (its checked ``torch.export`` program ``program``) compiled
+    by AOTInductor, called as the program is."""
+
+    def __init__(self, path: str, program: "torch.export.ExportedProgram"):
+        library = os.path.join(_own_folder(cache_folder()), f"step-{_build_key(path)}.pt2")
+        if os.path.exists(library):
+            _check_own(library)
+        else:
+            start = time.perf_counter()
+            logger.info("compiling %s with AOTInductor into %s (once; tens of seconds)", path, library)
+            handle, temp = tempfile.mkstemp(dir=os.path.dirname(library), prefix="partial-", suffix=".pt2")
+            os.close(handle)
+            try:
+                try:
+                    torch._inductor.aoti_compile_and_package(program, package_path=temp)
+                except Exception as e:  # the compiler's own errors, of many kinds
+                    reason = (str(e).strip().splitlines() or [""])[0][:200]
+                    raise CompileFailed(f"{path}: torch's AOTInductor could not compile the step "
+                                        f"({type(e).__name__}: {reason}); run without --compile") from e
+                os.chmod(temp, 0o600)
+                os.replace(temp, library)  # whole or not at all, and a racing process's is as good
+            finally:
+                if os.path.exists(temp):
+                    os.unlink(temp)
+            logger.info("compiled in %.0f s", time.perf_counter() - start)
+        self.library = library
+        self.run = torch._inductor.aoti_load_package(library)
+
+    def __call__(self, tokens, step, windows, z, sources):
+        return self.run(tokens.contiguous(), step, [w.contiguous() for w in windows], z.contiguous(),
+                        [s.contiguous() for s in sources])
+
+
+def _build_key(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    built_for = (f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
+                 f"{torch.get_num_threads()} threads, python {sys.version_info[0]}.{sys.version_info[1]}")
+    digest.update(built_for.encode())
+    return digest.hexdigest()[:40]
+
+
+def _own_folder(folder: str) -> str:
+    """``folder``, made if missing (readable by the user alone), after :func:`_check_own`."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    _check_own(folder)
+    return folder
+
+
+def _check_own(path: str) -> None:
+    """Refuse ``path`` unless this user owns it and nobody else may write it."""
+    info = os.stat(path)
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise UnsafeCache(f"{path}: owned by another user: a compiled step there could run anyone's code; "
+                          f"set {CACHE_ENV} to a folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCache(f"{path}: writable by others: a compiled step there could run anyone's code; "
+                          f"chmod go-w {path}, or set {CACHE_ENV} to a folder of your own")
