@@ -12,6 +12,7 @@ end it prints on stderr the sentences, the time they took and the sentences per 
 """
 import argparse
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -51,6 +52,12 @@ def main(argv=None):
 
     from .translator import ExportedModel, translate
 
+    if args.compile:  # building the library takes a while: say so, and when it is done
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("convs2s-serve: %(message)s"))
+        compiled_log = logging.getLogger("convs2s_serving.compiled")
+        compiled_log.addHandler(handler)
+        compiled_log.setLevel(logging.INFO)
     try:
         model = ExportedModel(args.model, compile=args.compile)
     except (FileNotFoundError, ValueError) as e:

@@ -25,6 +25,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -65,7 +66,9 @@ class CompiledStep:
             os.close(handle)
             try:
                 try:
-                    torch._inductor.aoti_compile_and_package(program, package_path=temp)
+                    with warnings.catch_warnings():  # torch's own remark on its pytree classes, not the user's
+                        warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+                        torch._inductor.aoti_compile_and_package(program, package_path=temp)
                 except Exception as e:  # the compiler's own errors, of many kinds
                     reason = (str(e).strip().splitlines() or [""])[0][:200]
                     raise CompileFailed(f"{path}: torch's AOTInductor could not compile the step "

@@ -456,10 +456,11 @@ def test_a_compiled_step_finds_the_same_hypotheses_and_is_built_once(exported, t
     assert os.stat(library).st_mtime_ns == built and sorted(os.listdir(cache)) == [os.path.basename(library)]
 
 
-@pytest.mark.parametrize("problem", ["writable by others", "another user's", "hostile program"])
+@pytest.mark.parametrize("problem", ["writable by others", "another user's", "hostile program", "no compiler"])
 def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(exported, tmp_path, problem):
     """A compiled step is code: a cache folder (or library) that another user owns or may write is
-    refused in one line, and a hostile program is refused before anything is compiled."""
+    refused in one line, and a hostile program is refused before anything is compiled. Without a
+    C++ compiler, one line too, and nothing half-written left in the cache."""
     _, _, folder = exported
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -470,16 +471,21 @@ def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(export
         if os.geteuid() != 0:
             pytest.skip("giving a folder to another user takes root")
         os.chown(cache, 12345, -1)
-    else:
+    elif problem == "hostile program":
         folder = linked_copy(folder, tmp_path / "hostile", "step.pt2")
         hostile("guard", exported[2] / "step.pt2", folder / "step.pt2", marker)
+    compiler = {"CXX": str(tmp_path / "no-such-compiler")} if problem == "no compiler" else {}
     done = subprocess.run([str(BIN / "convs2s-serve"), str(folder), "--tokens", "--compile"], input="a dog\n",
                           capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT,
-                          env={**os.environ, "CONVS2S_SERVING_CACHE": str(cache)})
+                          env={**os.environ, "CONVS2S_SERVING_CACHE": str(cache), **compiler})
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
+    if problem == "no compiler":  # after the line that says the step is being compiled
+        assert lines[0].startswith("convs2s-serve: compiling ") and "Traceback" not in done.stderr, done.stderr
+        lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
     named = {"writable by others": f"{cache}: writable by others", "another user's": f"{cache}: owned by another user",
-             "hostile program": f"{folder / 'step.pt2'}: holds a guard"}
+             "hostile program": f"{folder / 'step.pt2'}: holds a guard",
+             "no compiler": f"{folder / 'step.pt2'}: torch's AOTInductor could not compile the step"}
     assert named[problem] in lines[0]
     assert not os.listdir(cache) and not marker.exists() and not done.stdout
