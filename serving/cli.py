@@ -37,9 +37,9 @@ def parser():
     p.add_argument("--min-len", type=int, default=1, help="as fairseq-generate's (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=128, help="sentences a batch (default: %(default)s)")
     p.add_argument("--compile", action="store_true",
-                   help="run the decoder's step compiled to C++ by torch's AOTInductor: built on first use (tens of "
-                        "seconds, kept in $CONVS2S_SERVING_CACHE or ~/.cache/convs2s-serving), then faster steps, "
-                        "most of all for small batches")
+                   help="run the encoder and the decoder's step compiled to C++ by torch's AOTInductor: built on "
+                        "first use (tens of seconds, kept in $CONVS2S_SERVING_CACHE or ~/.cache/convs2s-serving), "
+                        "then faster, most of all for small batches")
     return p
 
 
@@ -52,7 +52,7 @@ def main(argv=None):
 
     from .translator import ExportedModel, translate
 
-    if args.compile:  # building the library takes a while: say so, and when it is done
+    if args.compile:  # building the libraries takes a while: say so, and when it is done
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("convs2s-serve: %(message)s"))
         compiled_log = logging.getLogger("convs2s_serving.compiled")

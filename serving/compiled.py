@@ -1,22 +1,22 @@
-"""The decoder's step compiled ahead of time to C++ (``convs2s-serve --compile``,
-``ExportedModel(folder, compile=True)``): torch's AOTInductor turns the exported step program
-into a shared library that runs the step's operations with no Python between them. A step of
-a few hypotheses is mostly that Python: one sentence a batch (beam 5), an int8 export served
-1.8x the sentences a second compiled, at batches of 128 about as many (docs/performance.md,
-"One sentence at a time").
+"""The exported programs compiled ahead of time to C++ (``convs2s-serve --compile``,
+``ExportedModel(folder, compile=True)``): torch's AOTInductor turns the encoder's and the
+decoder step's ``torch.export`` programs into shared libraries that run their operations with
+no Python between them. A step of a few hypotheses is mostly that Python: one sentence a
+batch (beam 5), an int8 export served 1.8x the sentences a second with its step compiled, at
+batches of 128 about as many (docs/performance.md, "One sentence at a time").
 
-The library is built from the program that :mod:`.safe_loading` checked, on this machine, and
-kept in a cache folder of the user's own (:func:`cache_folder`), under a name made of the
-program's SHA-256 and what the code was built for (torch's version, the CPU's instruction set,
-the threads): a changed program, torch or machine gets a library of its own. Building it takes
-tens of seconds once; later runs load it. A library is code: the folder and the file must be
-the user's and writable by nobody else, or they are refused (:class:`UnsafeCache`); an export
-folder never brings one (it would run whatever it holds).
+The libraries are built from the programs that :mod:`.safe_loading` checked, on this machine,
+and kept in a cache folder of the user's own (:func:`cache_folder`), each under a name made of
+its program's SHA-256 and what the code was built for (torch's version, the CPU's instruction
+set, the threads): a changed program, torch or machine gets a library of its own. Building
+them takes tens of seconds once; later runs load them. A library is code: the folder and the
+file must be the user's and writable by nobody else, or they are refused
+(:class:`UnsafeCache`); an export folder never brings one (it would run whatever it holds).
 
-The compiled step assumes its inputs laid out as the exporter's examples, contiguous; the
-search hands it expanded views (the first step's windows, one row for a sentence's b
-hypotheses), which it would read wrongly without a word: :class:`CompiledStep` copies them
-first.
+A compiled program assumes its inputs laid out as the exporter's examples, contiguous; the
+search hands the step expanded views (the first step's windows, one row for a sentence's b
+hypotheses), which it would read wrongly without a word: :class:`CompiledProgram` copies
+them first.
 """
 import hashlib
 import logging
@@ -39,7 +39,7 @@ class UnsafeCache(ValueError):
 
 
 class CompileFailed(ValueError):
-    """AOTInductor could not build the step (no C++ compiler, say)."""
+    """AOTInductor could not build a program (no C++ compiler, say)."""
 
 
 def cache_folder() -> str:
@@ -51,12 +51,13 @@ def cache_folder() -> str:
     return folder
 
 
-class CompiledStep:
-    """The step program ``path`` (its checked ``torch.export`` program ``program``) compiled
-    by AOTInductor, called as the program is."""
+class CompiledProgram:
+    """The program file ``path`` (``encoder.pt2``, ``step.pt2``; its checked ``torch.export``
+    program ``program``) compiled by AOTInductor, called as the program is."""
 
     def __init__(self, path: str, program: "torch.export.ExportedProgram"):
-        library = os.path.join(_own_folder(cache_folder()), f"step-{_build_key(path)}.pt2")
+        name = os.path.splitext(os.path.basename(path))[0]
+        library = os.path.join(_own_folder(cache_folder()), f"{name}-{_build_key(path)}.pt2")
         if os.path.exists(library):
             _check_own(library)
         else:
@@ -71,7 +72,7 @@ class CompiledStep:
                         torch._inductor.aoti_compile_and_package(program, package_path=temp)
                 except Exception as e:  # the compiler's own errors, of many kinds
                     reason = (str(e).strip().splitlines() or [""])[0][:200]
-                    raise CompileFailed(f"{path}: torch's AOTInductor could not compile the step "
+                    raise CompileFailed(f"{path}: torch's AOTInductor could not compile the program "
                                         f"({type(e).__name__}: {reason}); run without --compile") from e
                 os.chmod(temp, 0o600)
                 os.replace(temp, library)  # whole or not at all, and a racing process's is as good
@@ -82,9 +83,17 @@ class CompiledStep:
         self.library = library
         self.run = torch._inductor.aoti_load_package(library)
 
-    def __call__(self, tokens, step, windows, z, sources):
-        return self.run(tokens.contiguous(), step, [w.contiguous() for w in windows], z.contiguous(),
-                        [s.contiguous() for s in sources])
+    def __call__(self, *inputs):
+        return self.run(*(_contiguous(value) for value in inputs))
+
+
+def _contiguous(value):
+    """``value``'s tensors contiguous (in lists and tuples too)."""
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_contiguous(item) for item in value)
+    return value
 
 
 def _build_key(path: str) -> str:
@@ -109,8 +118,8 @@ def _check_own(path: str) -> None:
     """Refuse ``path`` unless this user owns it and nobody else may write it."""
     info = os.stat(path)
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise UnsafeCache(f"{path}: owned by another user: a compiled step there could run anyone's code; "
+        raise UnsafeCache(f"{path}: owned by another user: a compiled program there could run anyone's code; "
                           f"set {CACHE_ENV} to a folder of your own")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeCache(f"{path}: writable by others: a compiled step there could run anyone's code; "
+        raise UnsafeCache(f"{path}: writable by others: a compiled program there could run anyone's code; "
                           f"chmod go-w {path}, or set {CACHE_ENV} to a folder of your own")

@@ -58,12 +58,6 @@ class UnsafeArchive(ValueError):
     """An archive holding something ``convs2s-export`` does not write."""
 
 
-def load_program(path: str):
-    """The program of the ``.pt2`` file ``path`` as a callable module, after
-    :func:`check_archive`."""
-    return load_exported(path).module()
-
-
 def load_exported(path: str) -> "torch.export.ExportedProgram":
     """The ``torch.export`` program of the ``.pt2`` file ``path``, after :func:`check_archive`."""
     check_archive(path)

@@ -21,8 +21,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import int8_linear, top_log_probs
-from .compiled import CompiledStep
-from .safe_loading import load_exported, load_program, load_tensors
+from .compiled import CompiledProgram
+from .safe_loading import load_exported, load_tensors
 from .search import Hypothesis, SearchOptions, beam_search
 
 FORMAT = 2  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
@@ -33,7 +33,7 @@ BPE_SEPARATOR = "@@"
 class ExportedModel:
     """The folder ``convs2s-export`` wrote: the encoder and the decoder's step (torch.export
     programs), the vocabularies and, where the model was trained on a ``convs2s-prepare``
-    folder, its languages and BPE codes. ``compile``: the step compiled to C++ by
+    folder, its languages and BPE codes. ``compile``: the two programs compiled to C++ by
     AOTInductor (:mod:`.compiled`), built on first use and cached; else run by torch from
     Python."""
 
@@ -65,10 +65,10 @@ class ExportedModel:
         self.windows = [tuple(shape) for shape in config["windows"]]
         self.max_target_positions = config["max_target_positions"]
         self.max_source_positions = config["max_source_positions"]
-        self.encoder = load_program(os.path.join(self.directory, "encoder.pt2"))
-        step_path = os.path.join(self.directory, "step.pt2")
-        step = load_exported(step_path)
-        self.decoder_step = CompiledStep(step_path, step) if compile else step.module()
+        paths = [os.path.join(self.directory, name) for name in ("encoder.pt2", "step.pt2")]
+        programs = [load_exported(path) for path in paths]  # both checked before either is compiled
+        self.encoder, self.decoder_step = (CompiledProgram(path, program) if compile else program.module()
+                                           for path, program in zip(paths, programs))
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":

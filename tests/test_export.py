@@ -415,23 +415,24 @@ def test_any_layout_exports_and_searches_as_fairseq(tmp_path, shapes):
                                    rtol=0, atol=1e-5)
 
 
-def test_a_compiled_step_finds_the_same_hypotheses_and_is_built_once(exported, tmp_path, monkeypatch):
-    """``--compile`` (AOTInductor): an int8 export's n-best lists and scores as the step program
-    run from Python (the first step hands it expanded windows, which it would read wrongly
-    unless copied), the library built once into the cache and loaded from it after; and
-    ``convs2s-serve --compile`` writes what ``convs2s-serve`` writes, from the same library."""
+def test_compiled_programs_find_the_same_hypotheses_and_are_built_once(exported, tmp_path, monkeypatch):
+    """``--compile`` (AOTInductor): an int8 export's n-best lists and scores as its programs run
+    from Python find them (the first step hands the step expanded windows, which it would read
+    wrongly unless copied), the libraries built once into the cache and loaded from it after;
+    and ``convs2s-serve --compile`` writes what ``convs2s-serve`` writes, from the same
+    libraries."""
     from convs2s_serving import ExportedModel, SearchOptions, beam_search
-    from convs2s_serving.compiled import CompiledStep
+    from convs2s_serving.compiled import CompiledProgram
 
     prepared, checkpoint, _ = exported
     folder, cache = tmp_path / "int8", tmp_path / "cache"
     run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
     monkeypatch.setenv("CONVS2S_SERVING_CACHE", str(cache))
     compiled, plain = ExportedModel(folder, compile=True), ExportedModel(folder)
-    assert isinstance(compiled.decoder_step, CompiledStep)
-    library = compiled.decoder_step.library
-    assert sorted(os.listdir(cache)) == [os.path.basename(library)]
-    assert os.stat(library).st_mode & 0o077 == 0
+    assert isinstance(compiled.encoder, CompiledProgram) and isinstance(compiled.decoder_step, CompiledProgram)
+    libraries = sorted(os.path.basename(program.library) for program in (compiled.encoder, compiled.decoder_step))
+    assert sorted(os.listdir(cache)) == libraries and libraries[0].startswith("encoder-")
+    assert all(os.stat(cache / library).st_mode & 0o077 == 0 for library in libraries)
     _, _, batches, _ = prepared_for_generation(prepared / "bin", checkpoint)
     search = SearchOptions(beam=4, min_len=3)
     for batch in batches:
@@ -442,7 +443,7 @@ def test_a_compiled_step_finds_the_same_hypotheses_and_is_built_once(exported, t
             assert [h.tokens.tolist() for h in ours] == [h.tokens.tolist() for h in theirs]
             torch.testing.assert_close(torch.tensor([h.score for h in ours]), torch.tensor([h.score for h in theirs]),
                                        rtol=0, atol=1e-4)
-    built = os.stat(library).st_mtime_ns
+    built = [os.stat(cache / library).st_mtime_ns for library in libraries]
     source = prepared.parent / "raw" / "test.en"
     outputs = []
     for options in ([], ["--compile"]):
@@ -453,12 +454,13 @@ def test_a_compiled_step_finds_the_same_hypotheses_and_is_built_once(exported, t
         assert done.returncode == 0, done.stderr
         outputs.append(out.read_text(encoding="utf-8"))
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 20
-    assert os.stat(library).st_mtime_ns == built and sorted(os.listdir(cache)) == [os.path.basename(library)]
+    assert [os.stat(cache / library).st_mtime_ns for library in libraries] == built  # loaded, not built again
+    assert sorted(os.listdir(cache)) == libraries
 
 
 @pytest.mark.parametrize("problem", ["writable by others", "another user's", "hostile program", "no compiler"])
 def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(exported, tmp_path, problem):
-    """A compiled step is code: a cache folder (or library) that another user owns or may write is
+    """A compiled program is code: a cache folder (or library) that another user owns or may write is
     refused in one line, and a hostile program is refused before anything is compiled. Without a
     C++ compiler, one line too, and nothing half-written left in the cache."""
     _, _, folder = exported
@@ -486,6 +488,6 @@ def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(export
     assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
     named = {"writable by others": f"{cache}: writable by others", "another user's": f"{cache}: owned by another user",
              "hostile program": f"{folder / 'step.pt2'}: holds a guard",
-             "no compiler": f"{folder / 'step.pt2'}: torch's AOTInductor could not compile the step"}
+             "no compiler": f"{folder / 'encoder.pt2'}: torch's AOTInductor could not compile the program"}
     assert named[problem] in lines[0]
     assert not os.listdir(cache) and not marker.exists() and not done.stdout
