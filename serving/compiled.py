@@ -2,8 +2,8 @@
 ``ExportedModel(folder, compile=True)``): torch's AOTInductor turns the encoder's and the
 decoder step's ``torch.export`` programs into shared libraries that run their operations with
 no Python between them. A step of a few hypotheses is mostly that Python: one sentence a
-batch (beam 5), an int8 export served 1.8x the sentences a second with its step compiled, at
-batches of 128 about as many (docs/performance.md, "One sentence at a time").
+batch (beam 5), an int8 export served 1.75-2.0x the sentences a second compiled, at batches of
+128 about as many (docs/performance.md, "Compiled programs on the AMD EPYC with AVX2 only").
 
 The libraries are built from the programs that :mod:`.safe_loading` checked, on this machine,
 and kept in a cache folder of the user's own (:func:`cache_folder`), each under a name made of
