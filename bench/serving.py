@@ -110,7 +110,7 @@ PEER = "CTranslate2 int8"
 ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the peer takes a translator a thread
 PROCESSES = "ours int8, a process a thread"  # --threads processes (convs2s-translate --workers)
 SELECTION = "ours int8, vocabulary selection"
-COMPILED = "ours exported, int8, compiled"  # convs2s-serve --compile: the step compiled by AOTInductor
+COMPILED = "ours exported, int8, compiled"  # convs2s-serve --compile: its programs compiled by AOTInductor
 # The systems of ours split into --threads processes of a thread, and the system each runs.
 SPLIT = {PROCESSES: "ours int8", f"{SELECTION}, a process a thread": SELECTION,
          f"{COMPILED}, a process a thread": COMPILED}

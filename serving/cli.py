@@ -52,10 +52,10 @@ def main(argv=None):
 
     from .translator import ExportedModel, translate
 
-    if args.compile:  # building the libraries takes a while: say so, and when it is done
+    compiled_log = logging.getLogger("convs2s_serving.compiled")
+    if args.compile and not compiled_log.handlers:  # building the libraries takes a while: say so, and when done
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("convs2s-serve: %(message)s"))
-        compiled_log = logging.getLogger("convs2s_serving.compiled")
         compiled_log.addHandler(handler)
         compiled_log.setLevel(logging.INFO)
     try:
