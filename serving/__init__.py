@@ -4,7 +4,8 @@ torch alone.
 - :mod:`.translator`   the exported folder loaded (:class:`ExportedModel`); ids, tokens or raw
                        text in, translations out
 - :mod:`.search`  fairseq's beam search, step for step, over the exported decoder step
-- :mod:`.compiled`     that step compiled to C++ by AOTInductor (``convs2s-serve --compile``)
+- :mod:`.compiled`     the encoder and that step compiled to C++ by AOTInductor
+                       (``convs2s-serve --compile``)
 - :mod:`.cli`          ``convs2s-serve``
 - :mod:`.top_log_probs`, :mod:`.int8_linear`  the C++ kernels of a beam step (:mod:`.kernels`
                        builds them), which the plugin's generation runs too

@@ -216,7 +216,7 @@ def _packed(weight_t: torch.Tensor, scale: torch.Tensor):
     key = (storage._cdata, weight_t.storage_offset(), tuple(weight_t.shape), weight_t.stride())
     state = (_version(weight_t), scale.data_ptr(), _version(scale))
     known = _PACKED.get(key)
-    if known is None or known[0].expired() or known[1] != state:
+    if known is None or known[1] != state:  # a live storage's entry is its own: its address is held
         for stale in [k for k, entry in _PACKED.items() if entry[0].expired()]:
             del _PACKED[stale]
         with warnings.catch_warnings(), _fbgemm_engine():
