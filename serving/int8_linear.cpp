@@ -11,13 +11,16 @@
 // rounding (its build contracts it to a fused multiply-add): so is this, explicitly, as the
 // kernel is compiled with -ffp-contract=off.
 //
-// Also int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's own,
-// in int8, times that sentence's hypotheses (below).
+// Also int8_few_rows: the same numbers for a few rows (a sentence's beam), with the sums made
+// here; and int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's
+// own, in int8, times that sentence's hypotheses (below).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -93,7 +96,93 @@ void dot_products(const int8_t* q, const float* x, int64_t n, float scale, float
   }
 }
 
+// The int32 sums of rows p (R x n, int16, holding int8 values) with two output channels' int8
+// weights q0 and q1 (n each): exact, as each 16-bit product (at most 127 x 127) and each
+// pair's sum fit in AVX2's multiply-add of 16-bit pairs into 32 bits. Each row's vector is
+// loaded once for both channels, and each channel's weights widened once for all R rows.
+template <int R>
+void channel_sums(const int16_t* p, int64_t n, const int8_t* q0, const int8_t* q1, int32_t* sums0, int32_t* sums1) {
+  __m256i acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + k)));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q1 + k)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * n + k));
+      acc0[r] = _mm256_add_epi32(acc0[r], _mm256_madd_epi16(w0, x));
+      acc1[r] = _mm256_add_epi32(acc1[r], _mm256_madd_epi16(w1, x));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    // the two channels' eight partial sums each, added pairwise, then the halves
+    __m256i both = _mm256_hadd_epi32(acc0[r], acc1[r]);  // a0+a1 a2+a3 b0+b1 b2+b3 | a4+a5 a6+a7 b4+b5 b6+b7
+    __m128i half = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    half = _mm_hadd_epi32(half, half);  // a, b, a, b
+    int32_t sum0 = _mm_cvtsi128_si32(half), sum1 = _mm_extract_epi32(half, 1);
+    for (int64_t j = k; j < n; ++j) {
+      sum0 += static_cast<int32_t>(q0[j]) * p[r * n + j];
+      sum1 += static_cast<int32_t>(q1[j]) * p[r * n + j];
+    }
+    sums0[r] = sum0;
+    sums1[r] = sum1;
+  }
+}
+
 }  // namespace
+
+// int8_linear's product for a few rows, with the sums made here rather than by torch._int_mm:
+// x (rows x n, float32, contiguous) quantized per row as int8_linear quantizes it, times q
+// (out x n, int8, contiguous: the layer's weights, each output channel's row read once for up
+// to 8 rows at a time), the sums turned into `out` as int8_linear turns them: the same numbers,
+// bit for bit, as int8_linear where torch._int_mm sums exactly.
+at::Tensor int8_few_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias,
+                         at::Tensor out) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "int8_few_rows takes a contiguous 2-D float32 CPU input");
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() && q.size(1) == x.size(1),
+              "int8_few_rows: q must be a contiguous out x in int8 tensor");
+  const int64_t rows = x.size(0), n = x.size(1), o = q.size(0);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
+                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
+              "int8_few_rows: scale and bias must be float32, one per output channel");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
+                  out.size(1) == o,
+              "int8_few_rows: out must be a contiguous float32 rows x out tensor");
+  auto p = at::empty({rows, n}, x.options().dtype(at::kChar));
+  auto r = at::empty({rows}, x.options());
+  quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
+  const auto wide = p.to(at::kShort);
+  const int16_t* pp = wide.data_ptr<int16_t>();
+  const int8_t* qp = q.data_ptr<int8_t>();
+  int32_t* sums = reinterpret_cast<int32_t*>(out.data_ptr<float>());  // converted in place below
+  constexpr int64_t kGroup = 6;  // rows multiplied together: each has two vectors of sums
+  at::parallel_for(0, (o + 1) / 2, 8, [&](int64_t begin, int64_t end) {
+    int32_t found0[kGroup], found1[kGroup];
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t j = 2 * pair, j1 = std::min(j + 1, o - 1);  // an odd last channel: twice
+      for (int64_t m = 0; m < rows; m += kGroup) {
+        const int64_t count = std::min(kGroup, rows - m);
+        const int16_t* x = pp + m * n;
+        switch (count) {
+          case 1: channel_sums<1>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+          case 2: channel_sums<2>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+          case 3: channel_sums<3>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+          case 4: channel_sums<4>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+          case 5: channel_sums<5>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+          default: channel_sums<6>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
+        }
+        for (int64_t g = 0; g < count; ++g) {
+          sums[(m + g) * o + j] = found0[g];
+          sums[(m + g) * o + j1] = found1[g];
+        }
+      }
+    }
+  });
+  dequantize_rows(out.data_ptr<float>(), rows, o, r.data_ptr<float>(), scale.data_ptr<float>(),
+                  bias.data_ptr<float>());
+  return out;
+}
 
 // Each sentence's own int8 rows of weights times its hypotheses: q (S x W x n, int8, one
 // `scale` and `bias` a row: S x W, float32) and h (S x B x n, float32), all contiguous, give
@@ -169,6 +258,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // other Python threads run while the kernels work, as they do during torch's own operations
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place",
+        without_gil);
+  m.def("int8_few_rows", &int8_few_rows, "int8_linear for a few rows, its exact int32 sums made with AVX2",
         without_gil);
   m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses",
         without_gil);

@@ -17,11 +17,22 @@ per-channel weights; :mod:`fairseq_convs2s_ext.generation.quantization` says wha
   tensors, which torch 2.13 deprecates (the warning is silenced where they are made): where
   fbgemm cannot be had, ``int_mm`` does the work.
 
+**A few rows** (up to FEW_ROWS: a sentence's beam, translating one sentence a batch) may take
+a third product, ``few_rows``: the C++ kernel's ``int8_few_rows``, with the rows quantized as
+``int_mm``'s and the sums made by AVX2's multiply-add of 16-bit pairs, exact, so the same
+numbers as ``int_mm`` where ``torch._int_mm`` sums exactly; each output channel's weights are
+widened once for up to 6 rows, two channels at a time. Each shape takes it or the process's
+product, whichever measured the faster at that shape (:func:`few_rows_chosen`). On an AVX2-only
+AMD EPYC (one thread), where fbgemm's fixed cost dominates a few rows: 5 x 768 -> 512 in 44 us
+against fbgemm's 101, 5 x 256 -> 256 in 14 us against 82; at W_o's shape (5 x 256 -> 9792)
+the race is close, and the measurement at its first call decides. On a host with VNNI, oneDNN's ``torch._int_mm`` multiplied W_o by 5 rows faster than an
+earlier version of it (0.28 against 0.39 ms, docs/performance.md).
+
 ``fbgemm`` is chosen only where ``torch._int_mm`` measured more than PRODUCT_MARGIN times its
 time (a slow fallback, not a close race: so that the choice does not flip from run to run,
 and the more precise product is kept where both are fast), or where ``torch._int_mm`` does not
-sum exactly. ``CONVS2S_INT8_PRODUCT=int_mm`` or ``fbgemm`` pins it. A warning says where the
-chosen product measured over SLOWER_THAN_FLOAT32 times float32's time.
+sum exactly. ``CONVS2S_INT8_PRODUCT=int_mm`` or ``fbgemm`` pins it, for a few rows too. A
+warning says where the chosen product measured over SLOWER_THAN_FLOAT32 times float32's time.
 
 With ``int_mm``, as torch operations (:func:`int8_linear_torch`) it is seven passes over
 memory: the rows' largest |x|, the division, the rounding, the int8 copy, the product
@@ -69,6 +80,8 @@ PRODUCT_MARGIN = 2.0
 # host where alone they take 2.7 and 4.6) must not tell a user to drop int8.
 SLOWER_THAN_FLOAT32 = 1.25
 PROBE_SHAPE = (128, 512, 2048)  # rows x in -> out: about the size of a decoder step's products
+FEW_ROWS = 8  # rows that the C++ kernel's int8_few_rows may multiply (a sentence's beam)
+FEW_ROWS_MARGIN = 1.25
 
 
 def fbgemm_available() -> bool:
@@ -111,15 +124,7 @@ def probe_products(rounds: int = 3) -> Dict[str, float]:
     calls = {"int_mm": lambda: torch._int_mm(p, q.t()),
              "fbgemm": lambda: _fbgemm_linear(x, q.t(), scale, bias),
              "float32": lambda: torch.nn.functional.linear(x, weight, bias)}
-    best = dict.fromkeys(calls, float("inf"))
-    for call in calls.values():
-        call()
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+    return _best_seconds(calls, rounds)
 
 
 def weight_levels() -> Optional[int]:
@@ -171,19 +176,75 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     were stored so pass weights stored in x out, which this takes too. ``out``: a contiguous
     float32 (rows x out) tensor to write into, else a new one. The kernel writes the int32
     sums into the float32 result's own memory and converts each in its own place (same size),
-    so that the step makes no second rows x out tensor. ``product``: ``int_mm`` or ``fbgemm``
-    (default: :func:`chosen_product`)."""
+    so that the step makes no second rows x out tensor. ``product``: ``int_mm``, ``fbgemm`` or
+    ``few_rows`` (default: :func:`chosen_product`, or ``few_rows`` for a few rows where
+    :func:`few_rows_chosen` measured it the faster)."""
     rows = x.reshape(-1, x.size(-1))
     if torch.compiler.is_compiling():  # torch.export: one node of the program (convs2s-export --quantize int8)
         return torch.ops.convs2s.int8_linear(rows, weight_t, scale, bias).view(*x.shape[:-1], -1)
-    if (product or chosen_product()) == "fbgemm":
-        return _fbgemm_linear(rows, weight_t, scale, bias, out).view(*x.shape[:-1], -1)
     kernel = KERNEL.load() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+    if product is None:
+        product = chosen_product()
+        if kernel is not None and len(rows) <= FEW_ROWS and few_rows_chosen(len(rows), weight_t, product):
+            product = "few_rows"
+    if product == "few_rows":
+        if kernel is None or not weight_t.t().is_contiguous():
+            raise ValueError("the few_rows product needs the C++ kernel and weights stored out x in")
+        y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32) if out is None else out
+        return kernel.int8_few_rows(rows.contiguous(), weight_t.t(), scale, bias, y).view(*x.shape[:-1], -1)
+    if product == "fbgemm":
+        return _fbgemm_linear(rows, weight_t, scale, bias, out).view(*x.shape[:-1], -1)
     if kernel is None:
         y = int8_linear_torch(rows, weight_t, scale, bias)
         return (y if out is None else out.copy_(y)).view(*x.shape[:-1], -1)
     y = torch.empty(len(rows), weight_t.size(1), dtype=torch.float32, device=x.device) if out is None else out
     return kernel.int8_linear(rows.contiguous(), weight_t, scale, bias, y).view(*x.shape[:-1], -1)
+
+
+# (rows, in, out, product) -> whether the few_rows product measured faster at that shape
+_FEW_ROWS: Dict[tuple, bool] = {}
+
+
+def few_rows_chosen(rows: int, weight_t: torch.Tensor, product: str) -> bool:
+    """Whether a product of ``rows`` rows (at most FEW_ROWS) with ``weight_t`` is the C++
+    kernel's ``int8_few_rows`` rather than ``product`` (the process's, :func:`chosen_product`):
+    measured once a process for each shape (its first call; random values), the best of 3
+    rounds of each. The kernel is kept unless ``product`` measured FEW_ROWS_MARGIN times
+    faster: so that a close race does not flip from run to run, and the more precise product
+    (8-bit rows where fbgemm's are 7-bit) is kept where the two are close. Not taken where
+    ``CONVS2S_INT8_PRODUCT`` pins the product, nor for weights not stored out x in."""
+    if not weight_t.t().is_contiguous():
+        return False
+    width, out = weight_t.shape
+    key = (rows, width, out, product)
+    if key not in _FEW_ROWS and os.environ.get(PRODUCT_ENV):  # read once a shape, not at every call
+        _FEW_ROWS[key] = False
+    if key not in _FEW_ROWS:
+        kernel = KERNEL.load()
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, width, generator=generator)
+        q = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8)
+        scale, bias, y = torch.rand(out, generator=generator) / 100, torch.zeros(out), torch.empty(rows, out)
+        calls = {"few_rows": lambda: kernel.int8_few_rows(x, q, scale, bias, y),
+                 product: lambda: int8_linear(x, q.t(), scale, bias, y, product=product)}
+        seconds = _best_seconds(calls, rounds=3)
+        _FEW_ROWS[key] = seconds[product] * FEW_ROWS_MARGIN > seconds["few_rows"]
+        logger.debug("int8 products of %d x %d -> %d: few_rows %.3f ms, %s %.3f ms", rows, width, out,
+                     1e3 * seconds["few_rows"], product, 1e3 * seconds[product])
+    return _FEW_ROWS[key]
+
+
+def _best_seconds(calls, rounds: int) -> Dict[str, float]:
+    """Seconds of each call alone: the best of ``rounds``, the calls in turn, after a first call each."""
+    best = dict.fromkeys(calls, float("inf"))
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 # fbgemm's packed copies of int8 weights: (their storage, offset, shape, strides) ->
@@ -272,19 +333,26 @@ def _(rows, weight_t, scale, bias):
     return rows.new_empty(rows.size(0), weight_t.size(1))
 
 
-def int8_linear_torch(rows, weight_t, scale, bias):
-    """:func:`int8_linear` of ``rows`` (m x in) with torch's operations."""
+def int8_linear_torch(rows, weight_t, scale, bias, int_mm=torch._int_mm):
+    """:func:`int8_linear` of ``rows`` (m x in) with torch's operations (``int_mm``: the int8
+    product, int32 sums)."""
     # max |x|: the same numbers as vector_norm(x, inf), whose CPU kernel took 8-14x as long at
     # the decoder's shapes (640 x 256, 640 x 768; 2 threads, AMD EPYC)
     row_scale = rows.abs().amax(dim=1, keepdim=True).div(127).clamp(min=TINY)
     p = torch.round(rows / row_scale).to(torch.int8)
-    return torch.addcmul(bias, torch._int_mm(p, weight_t).to(torch.float32) * row_scale, scale)
+    return torch.addcmul(bias, int_mm(p, weight_t).to(torch.float32) * row_scale, scale)
+
+
+def exact_int_mm(p, q):
+    """int8 x int8 -> int32 products, summed exactly (in int64)."""
+    return (p.long() @ q.long()).to(torch.int32)
 
 
 def _mismatch(kernel) -> Optional[str]:
     """The first shape on which the kernel differs from the torch operations, if any: for
     int8_linear (rows x in -> out) by a bit (widths around the vector size, an all-zero row,
-    the decoder's shapes); for int8_rows_by_sentence (S x W x in, B hypotheses) by more than
+    the decoder's shapes); for int8_few_rows by a bit from exact sums (every group size of rows,
+    widths around the vector size); for int8_rows_by_sentence (S x W x in, B hypotheses) by more than
     float32's rounding of sums in another order (every group size of hypotheses, widths around
     the vector size, a selection's shape)."""
     generator = torch.Generator().manual_seed(0)
@@ -296,6 +364,15 @@ def _mismatch(kernel) -> Optional[str]:
         found = kernel.int8_linear(x, weight_t, scale, bias, torch.empty(rows, out))
         if not torch.equal(found, int8_linear_torch(x, weight_t, scale, bias)):
             return f"{rows} x {width} -> {out}"
+    for rows, width, out in [(1, 5, 3), (7, 23, 19), (8, 40, 33), (11, 17, 9), (5, 768, 512)]:
+        x = torch.randn(rows, width, generator=generator) * 3
+        x[0] = 0
+        q = torch.randint(-127, 128, (out, width), generator=generator, dtype=torch.int8)
+        q[0] = 127  # the largest products
+        scale, bias = torch.rand(out, generator=generator) / 100, torch.randn(out, generator=generator)
+        found = kernel.int8_few_rows(x, q, scale, bias, torch.empty(rows, out))
+        if not torch.equal(found, int8_linear_torch(x, q.t(), scale, bias, exact_int_mm)):
+            return f"{rows} x {width} -> {out}, int8_few_rows"
     for sentences, words, width, beam in [(2, 3, 5, 1), (3, 7, 23, 5), (2, 5, 40, 13), (16, 230, 256, 5)]:
         q = torch.randint(-127, 128, (sentences, words, width), generator=generator, dtype=torch.int8)
         scale = torch.rand(sentences, words, generator=generator) / 100

@@ -58,6 +58,60 @@ def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads, sto
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, width, out", [
+    (1, 3, 2),  # narrower than a vector
+    (5, 37, 21),  # a beam; tails after the vectors; an odd last channel
+    (6, 256, 512),  # a group of rows, at a decoder layer's shape
+    (7, 768, 512),  # a group and one row more, at the convolutions' shape
+    (13, 40, 9),  # three groups
+    (5, 256, 9792),  # W_o
+])
+def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, threads):
+    """int8_few_rows: int8_linear's numbers, bit for bit, where torch._int_mm sums exactly
+    (its products of the extreme values included)."""
+    x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width)
+    weight_t[:, 0], weight_t[:, -1] = 127, -127  # the largest products, both signs
+    x[rows // 2] = 0  # a row's scale is TINY
+    x[-1, :2] = torch.tensor([1e30, -1e-30])  # a row of one large value
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = int8_linear.KERNEL.load().int8_few_rows(x, weight_t.t(), scale, bias,
+                                                      torch.full((rows, out), float("nan")))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(got, int8_linear.int8_linear_torch(x, weight_t, scale, bias, int8_linear.exact_int_mm))
+
+
+@needs_kernel
+def test_a_few_rows_take_the_product_measured_the_faster_at_their_shape(monkeypatch):
+    """A beam's rows: int8_few_rows or the process's product, whichever measured the faster at
+    that shape (once, then kept); not for weights stored in x out, nor where the product is
+    pinned; more rows always take the process's product."""
+    monkeypatch.delenv(int8_linear.PRODUCT_ENV, raising=False)
+    product = int8_linear.chosen_product()
+    x, weight_t, scale, bias = operands(5, 40, 30, seed=7)
+    few = int8_linear.few_rows_chosen(5, weight_t, product)
+    assert int8_linear._FEW_ROWS[(5, 40, 30, product)] == few
+    expected = int8_linear.int8_linear(x, weight_t, scale, bias, product="few_rows" if few else product)
+    assert torch.equal(int8_linear.int8_linear(x, weight_t, scale, bias), expected)
+    if few:  # the numbers of exact sums, which fbgemm's 7-bit rows do not give
+        assert torch.equal(expected, int8_linear.int8_linear_torch(x, weight_t, scale, bias, int8_linear.exact_int_mm))
+    assert not int8_linear.few_rows_chosen(5, weight_t.contiguous(), product)
+    with pytest.raises(ValueError, match="stored out x in"):
+        int8_linear.int8_linear(x, weight_t.contiguous(), scale, bias, product="few_rows")
+    x, *_ = operands(int8_linear.FEW_ROWS + 1, 40, 30, seed=7)
+    assert torch.equal(int8_linear.int8_linear(x, weight_t, scale, bias),
+                       int8_linear.int8_linear(x, weight_t, scale, bias, product=product))
+    monkeypatch.setenv(int8_linear.PRODUCT_ENV, product)
+    x, weight_t, scale, bias = operands(3, 40, 30, seed=8)
+    assert not int8_linear.few_rows_chosen(3, weight_t, product)
+    assert torch.equal(int8_linear.int8_linear(x, weight_t, scale, bias),
+                       int8_linear.int8_linear(x, weight_t, scale, bias, product=product))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("sentences, words, width, beam", [
     (1, 1, 3, 1),  # narrower than a vector
     (3, 7, 37, 5),  # a tail after the vectors
