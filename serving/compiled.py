@@ -7,7 +7,7 @@ batch (beam 5), an int8 export served 1.75-2.0x the sentences a second compiled,
 
 The libraries are built from the programs that :mod:`.safe_loading` checked, on this machine,
 and kept in a cache folder of the user's own (:func:`cache_folder`), each under a name made of
-its program's SHA-256 and what the code was built for (torch's version, the CPU's instruction
+its program's SHA-256 (of the bytes checked and loaded, read once) and what the code was built for (torch's version, the CPU's instruction
 set, the threads): a changed program, torch or machine gets a library of its own. Building
 them takes tens of seconds once; later runs load them. A library is code: the folder and the
 file must be the user's and writable by nobody else, or they are refused
@@ -28,6 +28,8 @@ import time
 import warnings
 
 import torch
+
+from .safe_loading import CheckedProgram
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +54,13 @@ def cache_folder() -> str:
 
 
 class CompiledProgram:
-    """The program file ``path`` (``encoder.pt2``, ``step.pt2``; its checked ``torch.export``
-    program ``program``) compiled by AOTInductor, called as the program is."""
+    """The program of the file ``path`` (``encoder.pt2``, ``step.pt2``), as ``checked``
+    (:func:`.safe_loading.load_exported`: the program and its bytes' SHA-256), compiled by
+    AOTInductor, called as the program is."""
 
-    def __init__(self, path: str, program: "torch.export.ExportedProgram"):
+    def __init__(self, path: str, checked: CheckedProgram):
         name = os.path.splitext(os.path.basename(path))[0]
-        library = os.path.join(_own_folder(cache_folder()), f"{name}-{_build_key(path)}.pt2")
+        library = os.path.join(_own_folder(cache_folder()), f"{name}-{_build_key(checked.sha256)}.pt2")
         if os.path.exists(library):
             _check_own(library)
         else:
@@ -69,7 +72,7 @@ class CompiledProgram:
                 try:
                     with warnings.catch_warnings():  # torch's own remark on its pytree classes, not the user's
                         warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
-                        torch._inductor.aoti_compile_and_package(program, package_path=temp)
+                        torch._inductor.aoti_compile_and_package(checked.program, package_path=temp)
                 except Exception as e:  # the compiler's own errors, of many kinds
                     reason = (str(e).strip().splitlines() or [""])[0][:200]
                     raise CompileFailed(f"{path}: torch's AOTInductor could not compile the program "
@@ -96,11 +99,9 @@ def _contiguous(value):
     return value
 
 
-def _build_key(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+def _build_key(sha256: str) -> str:
+    """The name of a library built from the program of these bytes, here."""
+    digest = hashlib.sha256(sha256.encode())
     built_for = (f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
                  f"{torch.get_num_threads()} threads, python {sys.version_info[0]}.{sys.version_info[1]}")
     digest.update(built_for.encode())

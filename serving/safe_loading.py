@@ -19,11 +19,13 @@ program's guards as Python source, and resolves each node's target by name anywh
   read with Python's parser, never evaluated here.
 """
 import ast
+import hashlib
 import io
 import json
 import re
 import warnings
 import zipfile
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -58,12 +60,26 @@ class UnsafeArchive(ValueError):
     """An archive holding something ``convs2s-export`` does not write."""
 
 
-def load_exported(path: str) -> "torch.export.ExportedProgram":
-    """The ``torch.export`` program of the ``.pt2`` file ``path``, after :func:`check_archive`."""
-    check_archive(path)
+class CheckedProgram(NamedTuple):
+    """A ``torch.export`` program and the SHA-256 of the archive's bytes it was loaded from."""
+    program: "torch.export.ExportedProgram"
+    sha256: str
+
+
+def load_exported(path: str) -> CheckedProgram:
+    """The ``torch.export`` program of the ``.pt2`` file ``path``, after :func:`check_archive`.
+    The file is read once: torch loads the bytes that were checked (and that are hashed), so
+    a file replaced or rewritten after its check is not what runs. It is held in memory while
+    torch loads it (the programs, not W_o, which ``output.pt`` holds)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UnsafeArchive(f"{path}: not a torch.export archive ({e})") from None
+    check_archive(path, data)
     from . import int8_linear  # noqa: F401 (registers torch.ops.convs2s.int8_linear, which int8 programs call)
 
-    return torch.export.load(path)
+    return CheckedProgram(torch.export.load(io.BytesIO(data)), hashlib.sha256(data).hexdigest())
 
 
 def load_tensors(path: str, expected) -> dict:
@@ -90,11 +106,11 @@ def load_tensors(path: str, expected) -> dict:
     return tensors
 
 
-def check_archive(path: str) -> None:
-    """Raise :class:`UnsafeArchive` unless ``path`` holds only what the module's docstring
-    allows."""
+def check_archive(path: str, data: Optional[bytes] = None) -> None:
+    """Raise :class:`UnsafeArchive` unless ``path`` (or ``data``, its bytes read by the caller,
+    ``path`` then naming them) holds only what the module's docstring allows."""
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(path if data is None else io.BytesIO(data))
     except (zipfile.BadZipFile, OSError) as e:
         raise UnsafeArchive(f"{path}: not a torch.export archive ({e})") from None
     with archive:

@@ -67,8 +67,8 @@ class ExportedModel:
         self.max_source_positions = config["max_source_positions"]
         paths = [os.path.join(self.directory, name) for name in ("encoder.pt2", "step.pt2")]
         programs = [load_exported(path) for path in paths]  # both checked before either is compiled
-        self.encoder, self.decoder_step = (CompiledProgram(path, program) if compile else program.module()
-                                           for path, program in zip(paths, programs))
+        self.encoder, self.decoder_step = (CompiledProgram(path, checked) if compile else checked.program.module()
+                                           for path, checked in zip(paths, programs))
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":

@@ -3,6 +3,7 @@ beam-searched with torch alone finds the plugin's hypotheses (fairseq-generate's
 plugin's task), with their scores."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -316,6 +317,30 @@ def test_a_hostile_archive_is_refused_before_torch_reads_it(exported, tmp_path, 
     with pytest.raises(UnsafeArchive, match=f"^{copy / 'step.pt2'}: holds .*: not loaded"):
         ExportedModel(copy)
     assert not marker.exists()
+
+
+def test_the_archive_torch_loads_is_the_one_checked(exported, tmp_path, monkeypatch):
+    """A step program replaced by a hostile one just after its check (by whoever else may write
+    the folder while the model loads) is not what torch reads: the bytes checked are loaded."""
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search, safe_loading
+
+    _, _, folder = exported
+    copy, marker = linked_copy(folder, tmp_path / "raced", "step.pt2"), tmp_path / "ran"
+    shutil.copy(folder / "step.pt2", copy / "step.pt2")
+    swapped = hostile("guard", folder / "step.pt2", tmp_path / "hostile.pt2", marker)
+    check = safe_loading.check_archive
+
+    def check_then_replace(path, *data):
+        check(path, *data)
+        if path.endswith("step.pt2"):
+            os.replace(swapped, path)  # the race, at its worst moment
+
+    monkeypatch.setattr(safe_loading, "check_archive", check_then_replace)
+    model = ExportedModel(copy)
+    assert (copy / "step.pt2").read_bytes() != (folder / "step.pt2").read_bytes()  # it was replaced
+    assert not marker.exists()
+    with torch.inference_mode():
+        assert beam_search(model, torch.tensor([[5, 6, 7, model.eos]]), SearchOptions(beam=2))[0]
 
 
 def test_a_hostile_output_layer_is_refused_and_never_run(exported, tmp_path):
