@@ -129,6 +129,23 @@ void channel_sums(const int16_t* p, int64_t n, const int8_t* q0, const int8_t* q
   }
 }
 
+// A product's float32 input x: rows x n, contiguous, on the CPU.
+void check_input(const char* name, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(), name,
+              " takes a contiguous 2-D float32 CPU input");
+}
+
+// A product's per-channel scale and bias (o each) and its output `out` (rows x o), float32, contiguous.
+void check_output(const char* name, int64_t rows, int64_t o, const at::Tensor& scale, const at::Tensor& bias,
+                  const at::Tensor& out) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
+                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
+              name, ": scale and bias must be float32, one per output channel");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
+                  out.size(1) == o,
+              name, ": out must be a contiguous float32 rows x out tensor");
+}
+
 }  // namespace
 
 // int8_linear's product for a few rows, with the sums made here rather than by torch._int_mm:
@@ -138,17 +155,11 @@ void channel_sums(const int16_t* p, int64_t n, const int8_t* q0, const int8_t* q
 // bit for bit, as int8_linear where torch._int_mm sums exactly.
 at::Tensor int8_few_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias,
                          at::Tensor out) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "int8_few_rows takes a contiguous 2-D float32 CPU input");
+  check_input("int8_few_rows", x);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() && q.size(1) == x.size(1),
               "int8_few_rows: q must be a contiguous out x in int8 tensor");
   const int64_t rows = x.size(0), n = x.size(1), o = q.size(0);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
-                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
-              "int8_few_rows: scale and bias must be float32, one per output channel");
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
-                  out.size(1) == o,
-              "int8_few_rows: out must be a contiguous float32 rows x out tensor");
+  check_output("int8_few_rows", rows, o, scale, bias, out);
   auto p = at::empty({rows, n}, x.options().dtype(at::kChar));
   auto r = at::empty({rows}, x.options());
   quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
@@ -233,17 +244,11 @@ at::Tensor int8_rows_by_sentence(const at::Tensor& q, const at::Tensor& scale, c
 // channel `scale`) plus `bias`, into `out` (rows x o, float32, contiguous), which is returned.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& scale,
                        const at::Tensor& bias, at::Tensor out) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "int8_linear takes a contiguous 2-D float32 CPU input");
+  check_input("int8_linear", x);
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == at::kChar && weight_t.size(0) == x.size(1),
               "int8_linear: weight_t must be int8, in x out");
   const int64_t rows = x.size(0), n = x.size(1), o = weight_t.size(1);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == o &&
-                  bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == o,
-              "int8_linear: scale and bias must be float32, one per output channel");
-  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.dim() == 2 && out.size(0) == rows &&
-                  out.size(1) == o,
-              "int8_linear: out must be a contiguous float32 rows x out tensor");
+  check_output("int8_linear", rows, o, scale, bias, out);
   auto p = at::empty({rows, n}, x.options().dtype(at::kChar));
   auto r = at::empty({rows}, x.options());
   quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
