@@ -12,9 +12,11 @@
 // kernel is compiled with -ffp-contract=off.
 //
 // Also int8_few_rows: the same numbers for a few rows (a sentence's beam), with the sums made
-// here; and int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's
-// own, in int8, times that sentence's hypotheses (below).
+// here; int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's own,
+// in int8, times that sentence's hypotheses; and the CPU kernel of torch.ops.convs2s.int8_linear,
+// the operation an exported int8 program calls (below).
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -23,9 +25,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace {
 
@@ -259,6 +265,71 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at
   return out;
 }
 
+// torch.ops.convs2s.int8_linear on the CPU. The process chooses each shape's product in Python
+// (int8_linear.py: measured, or pinned); where it chose one of this file's, it says so here
+// (remember_product) and the operation runs it from then on without Python: a call from an
+// exported program through Python's dispatch cost more than the product of a beam's rows itself.
+// Every other call (a shape not chosen yet, fbgemm's product, weights not float32 and CPU) is
+// handed to Python's implementation, which chooses, remembers and multiplies.
+namespace {
+
+enum class Product { few_rows, int_mm };
+// (rows, in, out, weights stored out x in) -> the product chosen for them
+using Shape = std::tuple<int64_t, int64_t, int64_t, bool>;
+std::mutex products_lock;
+std::map<Shape, Product> products;
+pybind11::object* choose_in_python = nullptr;  // set once, kept for the life of the process
+std::atomic<int64_t> handed_to_python{0};
+
+Shape shape_of(const at::Tensor& rows, const at::Tensor& weight_t) {
+  // weight_t (in x out) the transpose of contiguous out x in weights: the layers' layout
+  const bool stored_out_by_in = weight_t.stride(0) == 1 && weight_t.stride(1) == weight_t.size(0);
+  return {rows.size(0), weight_t.size(0), weight_t.size(1), stored_out_by_in};
+}
+
+at::Tensor int8_linear_op(const at::Tensor& rows, const at::Tensor& weight_t, const at::Tensor& scale,
+                          const at::Tensor& bias) {
+  if (rows.dim() == 2 && weight_t.dim() == 2 && rows.scalar_type() == at::kFloat &&
+      weight_t.scalar_type() == at::kChar) {
+    const Shape shape = shape_of(rows, weight_t);
+    std::optional<Product> product;
+    {
+      std::lock_guard<std::mutex> hold(products_lock);
+      const auto found = products.find(shape);
+      if (found != products.end()) product = found->second;
+    }
+    if (product) {
+      auto out = at::empty({rows.size(0), weight_t.size(1)}, rows.options());
+      if (*product == Product::few_rows) return int8_few_rows(rows.contiguous(), weight_t.t(), scale, bias, out);
+      return int8_linear(rows.contiguous(), weight_t, scale, bias, out);
+    }
+  }
+  ++handed_to_python;
+  pybind11::gil_scoped_acquire gil;
+  return (*choose_in_python)(rows, weight_t, scale, bias).cast<at::Tensor>();
+}
+
+// From now on this process's calls of torch.ops.convs2s.int8_linear on the CPU come here first;
+// `choose` (Python's implementation) takes those that are handed back. Once a process.
+void serve_operation(pybind11::object choose) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    choose_in_python = new pybind11::object(std::move(choose));  // never freed: called up to the process's exit
+    static torch::Library library(torch::Library::IMPL, "convs2s", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    library.impl("int8_linear", TORCH_FN(int8_linear_op));
+  });
+}
+
+// The operation runs `product` ("few_rows" or "int_mm") for these rows and weights from now on.
+void remember_product(const at::Tensor& rows, const at::Tensor& weight_t, const std::string& product) {
+  TORCH_CHECK(product == "few_rows" || product == "int_mm", "remember_product: few_rows or int_mm, not ", product);
+  TORCH_CHECK(rows.dim() == 2 && weight_t.dim() == 2, "remember_product: 2-D rows and weights");
+  std::lock_guard<std::mutex> hold(products_lock);
+  products[shape_of(rows, weight_t)] = product == "few_rows" ? Product::few_rows : Product::int_mm;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // other Python threads run while the kernels work, as they do during torch's own operations
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
@@ -268,4 +339,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         without_gil);
   m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses",
         without_gil);
+  m.def("serve_operation", &serve_operation, "torch.ops.convs2s.int8_linear on the CPU: here, else `choose`");
+  m.def("remember_product", &remember_product, "the operation's product for these rows and weights, from now on");
+  m.def("handed_to_python", [] { return handed_to_python.load(); }, "the operation's calls handed to Python");
 }

@@ -35,10 +35,12 @@ _UNLOADED = object()
 class Kernel:
     """The kernel compiled from ``<name>.cpp`` beside this module. ``mismatch(kernel)`` names
     the first input on which it differs from torch's operations, or returns None;
-    ``fallback`` ends the warning logged where it is not used (what does its work then)."""
+    ``fallback`` ends the warning logged where it is not used (what does its work then);
+    ``loaded(kernel)``, if given, is called once it has matched, before its first use."""
 
-    def __init__(self, name: str, mismatch: Callable[[object], Optional[str]], fallback: str):
-        self.name, self.mismatch, self.fallback = name, mismatch, fallback
+    def __init__(self, name: str, mismatch: Callable[[object], Optional[str]], fallback: str,
+                 loaded: Optional[Callable[[object], None]] = None):
+        self.name, self.mismatch, self.fallback, self.loaded = name, mismatch, fallback, loaded
         self.source = Path(__file__).with_name(f"{name}.cpp")
         self._kernel = _UNLOADED
 
@@ -89,6 +91,8 @@ class Kernel:
         mismatch = self.mismatch(kernel)
         if mismatch:
             raise RuntimeError(f"its values differ from torch's on {mismatch}")
+        if self.loaded is not None:
+            self.loaded(kernel)
         return kernel
 
     def _source_in(self, build: Path) -> Path:

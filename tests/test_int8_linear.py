@@ -111,6 +111,31 @@ def test_a_few_rows_take_the_product_measured_the_faster_at_their_shape(monkeypa
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows, stored", [(5, "out x in"), (5, "in x out"), (int8_linear.FEW_ROWS + 3, "out x in")])
+def test_the_operation_runs_the_product_chosen_for_its_shape_without_python(rows, stored, monkeypatch):
+    """torch.ops.convs2s.int8_linear (what an exported int8 program calls) on the CPU: the
+    numbers of int8_linear's product chosen for the shape; the first call at a shape handed to
+    Python, which chooses, and the next ones run by the C++ kernel where the product chosen is
+    one of its own (few_rows, int_mm), else handed back again (fbgemm)."""
+    monkeypatch.delenv(int8_linear.PRODUCT_ENV, raising=False)
+    kernel = int8_linear.KERNEL.load()
+    x, weight_t, scale, bias = operands(rows, 48, 26 + rows, seed=rows, stored=stored)  # a shape of its own
+    product = int8_linear._product_for(rows, weight_t, kernel)
+    expected = int8_linear.int8_linear(x, weight_t, scale, bias, product=product)
+    handed = kernel.handed_to_python()
+    with torch.inference_mode():  # as a program runs
+        first = torch.ops.convs2s.int8_linear(x, weight_t, scale, bias)
+        assert kernel.handed_to_python() == handed + 1
+        for seed in range(3):  # other values, the same shape
+            x = operands(rows, 48, 26 + rows, seed=seed)[0]
+            assert torch.equal(torch.ops.convs2s.int8_linear(x, weight_t, scale, bias),
+                               int8_linear.int8_linear(x, weight_t, scale, bias, product=product))
+    assert torch.equal(first, expected)
+    assert kernel.handed_to_python() == handed + 1 + (3 if product == "fbgemm" else 0)
+    assert product != "few_rows" or (stored == "out x in" and rows <= int8_linear.FEW_ROWS)
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("sentences, words, width, beam", [
     (1, 1, 3, 1),  # narrower than a vector
