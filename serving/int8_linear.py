@@ -237,7 +237,9 @@ def few_rows_chosen(rows: int, weight_t: torch.Tensor, product: str) -> bool:
         calls = {"few_rows": lambda: kernel.int8_few_rows(x, q, scale, bias, y),
                  product: lambda: int8_linear(x, q.t(), scale, bias, y, product=product)}
         seconds = _best_seconds(calls, rounds=3)
-        _FEW_ROWS[key] = seconds[product] * FEW_ROWS_MARGIN > seconds["few_rows"]
+        # threads that measured a shape at once keep the first one's answer, so that all of them,
+        # and the C++ operation that one of them tells (_operation), take the same product
+        _FEW_ROWS.setdefault(key, seconds[product] * FEW_ROWS_MARGIN > seconds["few_rows"])
         logger.debug("int8 products of %d x %d -> %d: few_rows %.3f ms, %s %.3f ms", rows, width, out,
                      1e3 * seconds["few_rows"], product, 1e3 * seconds[product])
     return _FEW_ROWS[key]

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -133,6 +134,31 @@ def test_the_operation_runs_the_product_chosen_for_its_shape_without_python(rows
     assert torch.equal(first, expected)
     assert kernel.handed_to_python() == handed + 1 + (3 if product == "fbgemm" else 0)
     assert product != "few_rows" or (stored == "out x in" and rows <= int8_linear.FEW_ROWS)
+
+
+@needs_kernel
+def test_the_operation_from_threads_at_once_gives_each_the_product_chosen(monkeypatch):
+    """Threads that call the operation at once, at shapes none has met (each one's first call
+    handed to Python, which measures and tells the C++ kernel), all get int8_linear's numbers
+    for the product the process keeps for the shape."""
+    monkeypatch.delenv(int8_linear.PRODUCT_ENV, raising=False)
+    cases = [operands(rows, 56, out, seed=rows + out) for rows in (1, 4, 8, 12) for out in (33, 70)]
+    wrong = []
+
+    def call(first):
+        with torch.inference_mode():
+            for i in range(3 * len(cases)):
+                x, weight_t, scale, bias = cases[(first + i) % len(cases)]
+                if not torch.equal(torch.ops.convs2s.int8_linear(x, weight_t, scale, bias),
+                                   int8_linear.int8_linear(x, weight_t, scale, bias)):
+                    wrong.append((first, i))
+
+    threads = [threading.Thread(target=call, args=(first,)) for first in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads) and wrong == []
 
 
 @needs_kernel
