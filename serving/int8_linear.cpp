@@ -31,6 +31,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 namespace {
@@ -282,9 +283,9 @@ pybind11::object* choose_in_python = nullptr;  // set once, kept for the life of
 std::atomic<int64_t> handed_to_python{0};
 
 Shape shape_of(const at::Tensor& rows, const at::Tensor& weight_t) {
-  // weight_t (in x out) the transpose of contiguous out x in weights: the layers' layout
-  const bool stored_out_by_in = weight_t.stride(0) == 1 && weight_t.stride(1) == weight_t.size(0);
-  return {rows.size(0), weight_t.size(0), weight_t.size(1), stored_out_by_in};
+  // weight_t (in x out) the transpose of contiguous out x in weights, the layers' layout: the
+  // same test as int8_linear.py's few_rows_chosen
+  return {rows.size(0), weight_t.size(0), weight_t.size(1), weight_t.t().is_contiguous()};
 }
 
 at::Tensor int8_linear_op(const at::Tensor& rows, const at::Tensor& weight_t, const at::Tensor& scale,
