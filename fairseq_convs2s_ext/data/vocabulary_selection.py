@@ -28,7 +28,8 @@ symbols come first at their own ids (0..nspecial-1) and local index i stands for
 ``candidates[i]``; a set holding every word is the full vocabulary in its own order. Those
 of each sentence are a row each (:meth:`VocabularySelection.candidates_per_sentence`): the
 words that the output layer scores for every hypothesis first, in one column of every row
-(the specials still at their own ids), then the sentence's others, padded with :data:`NO_WORD`.
+(the specials still at their own ids), then the sentence's others, padded with ``NO_WORD``
+(:mod:`convs2s_serving.candidates`, the rule in torch alone, which an exported model applies too).
 
 In generation the softmax's normaliser also counts the probability mass of the words left
 out, estimated from clusters of the output layer's rows
@@ -51,13 +52,8 @@ import os
 from typing import Optional
 
 import torch
+from convs2s_serving.candidates import candidates_per_sentence
 
-NO_WORD = -1  # pads the rows of per-sentence candidates
-# A word that 1 in COMMON_SHARE of a batch's sentences have is scored for every hypothesis
-# (masked where its sentence lacks it): a matrix multiply's column for every hypothesis costs
-# a fraction of a column of the sentences' own rows, which are read from memory at every step
-# for a sentence's few hypotheses only (bench/README.md as of 86165d7~, the run of 4e76217).
-COMMON_SHARE = 4
 MIN_COVERAGE = 0.5  # of a dictionary's words, for a candidates file built on its training text
 # Symbols that fairseq-preprocess adds to pad a dictionary's size (--padding-factor).
 MADE_UP_WORD = "madeupword"
@@ -191,26 +187,12 @@ class VocabularySelection:
         return chosen.nonzero().squeeze(1)
 
     def candidates_per_sentence(self, src_tokens: torch.Tensor) -> torch.Tensor:
-        """Each sentence's candidates (generation), a row each (B x C). First come the words
-        that the output layer scores for every hypothesis of the batch, each at the same column
-        in every row: the specials and the most common words, in id order, then the other
-        words that at least 1 in :data:`COMMON_SHARE` of the sentences have, in id order, with
-        :data:`NO_WORD` in the rows of the sentences without them. Then each sentence's other
-        words in id order, padded with :data:`NO_WORD` to the longest row."""
+        """Each sentence's candidates (generation), a row each (B x C), as
+        :func:`convs2s_serving.candidates.candidates_per_sentence` orders them: the words
+        scored for every hypothesis first, each at the same column in every row (``NO_WORD``
+        where a sentence lacks it), then each sentence's others."""
         aligned, always = self._moved_to(src_tokens.device)
-        sentences = src_tokens.size(0)
-        chosen = torch.zeros(sentences, self.vocab_size, dtype=torch.bool, device=src_tokens.device)
-        chosen.scatter_(1, aligned[src_tokens].view(sentences, -1).long(), True)
-        chosen[:, always] = False
-        common = (chosen.sum(0) * COMMON_SHARE >= sentences).nonzero().squeeze(1)
-        head = torch.cat([always.expand(sentences, -1), torch.where(chosen[:, common], common, NO_WORD)], dim=1)
-        chosen[:, common] = False
-        counts = chosen.sum(1)
-        rows, words = chosen.nonzero(as_tuple=True)  # row by row, each row's words in order
-        columns = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
-        others = torch.full((sentences, int(counts.max())), NO_WORD, dtype=torch.long, device=rows.device)
-        others[rows, columns] = words
-        return torch.cat([head, others], dim=1)
+        return candidates_per_sentence(aligned, always, self.vocab_size, src_tokens)
 
 
 def local_indices(candidates: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

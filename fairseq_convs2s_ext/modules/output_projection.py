@@ -20,6 +20,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from convs2s_serving.candidates import rest_log_counts, shared_columns
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch.nn.utils import parametrize
 
@@ -185,10 +186,7 @@ class OutputProjection(nn.Linear):
         return rows
 
     def _sentence_rows(self, candidates, hypotheses):
-        word = candidates.max(0).values  # of each column, where a row has one
-        one_word = ((candidates == word) | (candidates < 0)).all(0)
-        width = int(one_word.cumprod(0).sum())
-        ids = word[:width].clamp(min=0)
+        ids, width = shared_columns(candidates)
         shared_weight, shared_bias = self.weight.index_select(0, ids), self.bias.index_select(0, ids)
         missing = candidates[:, :width] < 0
         absent = None
@@ -263,21 +261,22 @@ class OutputProjection(nn.Linear):
 
     def rest_rows(self, candidates):
         """The rows of the columns that stand for the words outside each sentence's
-        ``candidates`` (see :meth:`estimate_rest`): each cluster's mean row of W_o and mean
-        of b_o, and for each sentence the log of how many of the cluster's words it lacks
-        (-inf where none)."""
+        ``candidates`` (see :meth:`estimate_rest`): :meth:`rest_mean_rows`, and for each
+        sentence the log of how many of the cluster's words it lacks (-inf where none)."""
+        weight, bias = self.rest_mean_rows()
+        clusters, count = self.rest_clusters
+        return weight, bias, rest_log_counts(clusters, count, candidates, self.bias.dtype)
+
+    def rest_mean_rows(self):
+        """Each cluster's mean row of W_o and mean of b_o (see :meth:`estimate_rest`)."""
         # per batch, from W_o as it is: a generator built in training (--eval-bleu) sees it change
         clusters, count = self.rest_clusters
-        clusters = clusters.to(candidates.device)
+        clusters = clusters.to(self.bias.device)
         slot = torch.where(clusters >= 0, clusters, count)  # the words every sentence has: a slot left out
         size = torch.bincount(slot, minlength=count + 1)[:count].to(self.bias.dtype)
         weight = self.weight.new_zeros(count + 1, self.in_features).index_add_(0, slot, self.weight)
         bias = self.bias.new_zeros(count + 1).index_add_(0, slot, self.bias)
-        weight, bias = weight[:count] / size.clamp(min=1).unsqueeze(1), bias[:count] / size.clamp(min=1)
-        cluster = clusters[candidates.clamp(min=0)]
-        taken = torch.zeros(len(candidates), count, dtype=size.dtype, device=size.device)
-        taken.scatter_add_(1, cluster.clamp(min=0), ((candidates >= 0) & (cluster >= 0)).to(size.dtype))
-        return weight, bias, (size - taken).log()
+        return weight[:count] / size.clamp(min=1).unsqueeze(1), bias[:count] / size.clamp(min=1)
 
     def fold_(self, linear: nn.Linear):
         """``linear`` (the decoder's fc2, W_2 x + b_2) folded in, for generation:

@@ -1,0 +1,66 @@
+"""Each sentence's candidate target words (vocabulary selection in generation), in torch alone:
+the rule the plugin's generation applies (``fairseq_convs2s_ext.data.vocabulary_selection``
+says where it comes from and why) and an exported model's runtime applies to the tables
+``convs2s-export --vocab-selection`` wrote.
+
+A sentence's candidates are the words every sentence has (:data:`always`: the special symbols,
+then the most common words) and the words aligned to its source words (``aligned``: a row of
+target ids per source id, padded with a special symbol). They are a row each, the specials at
+their own ids, so that local column i of a row stands for word ``row[i]``
+(:func:`candidates_per_sentence`). The words left out of a sentence's candidates may count in
+its softmax's normaliser, a column per cluster of W_o's rows (:func:`rest_log_counts`).
+"""
+import torch
+
+NO_WORD = -1  # pads the rows of per-sentence candidates
+# A word that 1 in COMMON_SHARE of a batch's sentences have is scored for every hypothesis
+# (masked where its sentence lacks it): a matrix multiply's column for every hypothesis costs
+# a fraction of a column of the sentences' own rows, which are read from memory at every step
+# for a sentence's few hypotheses only (bench/README.md as of 86165d7~, the run of 4e76217).
+COMMON_SHARE = 4
+
+
+def candidates_per_sentence(aligned: torch.Tensor, always: torch.Tensor, vocabulary_size: int,
+                            src_tokens: torch.Tensor) -> torch.Tensor:
+    """Each sentence's candidates, a row each (B x C). First come the words that the output
+    layer scores for every hypothesis of the batch, each at the same column in every row: the
+    specials and the most common words (``always``, in id order), then the other words that at
+    least 1 in :data:`COMMON_SHARE` of the sentences have, in id order, with :data:`NO_WORD`
+    in the rows of the sentences without them. Then each sentence's other words in id order,
+    padded with :data:`NO_WORD` to the longest row."""
+    sentences = src_tokens.size(0)
+    chosen = torch.zeros(sentences, vocabulary_size, dtype=torch.bool, device=src_tokens.device)
+    chosen.scatter_(1, aligned[src_tokens].view(sentences, -1).long(), True)
+    chosen[:, always] = False
+    common = (chosen.sum(0) * COMMON_SHARE >= sentences).nonzero().squeeze(1)
+    head = torch.cat([always.expand(sentences, -1), torch.where(chosen[:, common], common, NO_WORD)], dim=1)
+    chosen[:, common] = False
+    counts = chosen.sum(1)
+    rows, words = chosen.nonzero(as_tuple=True)  # row by row, each row's words in order
+    columns = torch.arange(rows.numel(), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    others = torch.full((sentences, int(counts.max())), NO_WORD, dtype=torch.long, device=rows.device)
+    others[rows, columns] = words
+    return torch.cat([head, others], dim=1)
+
+
+def shared_columns(candidates: torch.Tensor):
+    """The leading columns of ``candidates`` (B x C) that hold one word in every row, or none
+    (:data:`NO_WORD`): their words' ids (NO_WORD as 0) and how many they are. The output
+    layer scores them for every hypothesis with one product."""
+    word = candidates.max(0).values  # of each column, where a row has one
+    one_word = ((candidates == word) | (candidates < 0)).all(0)
+    width = int(one_word.cumprod(0).sum())
+    return word[:width].clamp(min=0), width
+
+
+def rest_log_counts(labels: torch.Tensor, count: int, candidates: torch.Tensor, dtype) -> torch.Tensor:
+    """For each sentence of ``candidates`` (B x C) and each of the ``count`` clusters of W_o's
+    rows (``labels``: a cluster id per word, -1 for the words every sentence has), the log of
+    how many of the cluster's words the sentence's candidates leave out (-inf where none):
+    B x count, in ``dtype``."""
+    labels = labels.to(candidates.device)
+    size = torch.bincount(labels[labels >= 0], minlength=count).to(dtype)
+    cluster = labels[candidates.clamp(min=0)]
+    taken = torch.zeros(len(candidates), count, dtype=dtype, device=candidates.device)
+    taken.scatter_add_(1, cluster.clamp(min=0), ((candidates >= 0) & (cluster >= 0)).to(dtype))
+    return (size - taken).log()
