@@ -111,9 +111,11 @@ ONE_TRANSLATOR = f"{PEER}, one translator"  # of --threads threads, where the pe
 PROCESSES = "ours int8, a process a thread"  # --threads processes (convs2s-translate --workers)
 SELECTION = "ours int8, vocabulary selection"
 COMPILED = "ours exported, int8, compiled"  # convs2s-serve --compile: its programs compiled by AOTInductor
+COMPILED_SELECTION = f"{COMPILED}, vocabulary selection"  # exported with --vocab-selection
 # The systems of ours split into --threads processes of a thread, and the system each runs.
 SPLIT = {PROCESSES: "ours int8", f"{SELECTION}, a process a thread": SELECTION,
-         f"{COMPILED}, a process a thread": COMPILED}
+         f"{COMPILED}, a process a thread": COMPILED,
+         f"{COMPILED_SELECTION}, a process a thread": COMPILED_SELECTION}
 
 
 def parse_args(argv=None):
@@ -270,10 +272,12 @@ class FairseqSystem:
 
 class ExportedSystem:
     """Ours exported by ``convs2s-export`` (exported afresh when the system is built, not
-    timed; ``quantize`` float32 or int8, as ``--quantize``) and beam-searched by
-    ``convs2s_serving``, torch alone, over the same batches as fairseq's."""
+    timed; ``quantize`` float32 or int8, as ``--quantize``; with vocabulary selection from
+    ``candidates``, the task's other selection options, as ``--vocab-selection``) and
+    beam-searched by ``convs2s_serving``, torch alone, over the same batches as fairseq's."""
 
-    def __init__(self, name, checkpoint, data_bin, args, batches, quantize="float32", compile=False):
+    def __init__(self, name, checkpoint, data_bin, args, batches, quantize="float32", compile=False,
+                 candidates=None):
         import tempfile
 
         from convs2s_serving import ExportedModel
@@ -283,11 +287,15 @@ class ExportedSystem:
 
         self.name, self.args, self.batches = name, args, batches
         self.folder = tempfile.TemporaryDirectory(prefix="convs2s-exported-")
-        model = fairseq_model(checkpoint, convs2s_task(data_bin))
+        task = convs2s_task(data_bin, **({} if candidates is None else dict(vocab_selection=candidates)))
+        model = fairseq_model(checkpoint, task)
         model.make_generation_fast_(need_attn=False)
         if quantize == "int8":
             quantize_([model])
-        export(model, Path(self.folder.name) / "model")
+        selection = task.vocabulary_selection
+        if selection is not None:  # as generation's generator does
+            model.decoder.output_projection.estimate_rest(selection.always, task.cfg.vocab_rest_clusters)
+        export(model, Path(self.folder.name) / "model", selection=selection)
         self.model = ExportedModel(Path(self.folder.name) / "model", compile=compile)  # compiled: not timed
 
     def translate(self, forced, which=None):
@@ -334,7 +342,8 @@ class Models:
 
 SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", "fconv", "ours float32",
            "ours int8", PROCESSES, f"{PEER}, vocabulary map", SELECTION, f"{SELECTION}, a process a thread",
-           "ours exported, float32", "ours exported, int8", COMPILED, f"{COMPILED}, a process a thread")
+           "ours exported, float32", "ours exported, int8", COMPILED, f"{COMPILED}, a process a thread",
+           COMPILED_SELECTION, f"{COMPILED_SELECTION}, a process a thread")
 
 
 def trained_models(args, data_bin):
@@ -365,7 +374,8 @@ def build_system(name, models, args, data_bin):
         return FairseqSystem(name, load_fconv(models.fconv, task)[0], task, args, batches)
     if name.startswith("ours exported"):
         return ExportedSystem(name, models.convs2s, data_bin, args, batches, quantize=name.split(", ")[1],
-                              compile=name == COMPILED)
+                              compile=name.startswith(COMPILED),
+                              candidates=models.candidates if name == COMPILED_SELECTION else None)
     options = {"ours float32": {}, "ours int8": dict(quantize="int8"),
                SELECTION: dict(vocab_selection=models.candidates, quantize="int8")}[name]
     ours_task = convs2s_task(data_bin, **options)

@@ -4,6 +4,8 @@ torch alone.
 - :mod:`.translator`   the exported folder loaded (:class:`ExportedModel`); ids, tokens or raw
                        text in, translations out
 - :mod:`.search`  fairseq's beam search, step for step, over the exported decoder step
+- :mod:`.output_layer` W_o a batch at a time: every word, or each sentence's candidates
+- :mod:`.candidates`   the candidate rule of vocabulary selection (the plugin's too)
 - :mod:`.compiled`     the encoder and that step compiled to C++ by AOTInductor
                        (``convs2s-serve --compile``)
 - :mod:`.cli`          ``convs2s-serve``

@@ -40,6 +40,9 @@ def parser():
                    help="run the encoder and the decoder's step compiled to C++ by torch's AOTInductor: built on "
                         "first use (tens of seconds, kept in $CONVS2S_SERVING_CACHE or ~/.cache/convs2s-serving), "
                         "then faster, most of all for small batches")
+    p.add_argument("--no-vocab-selection", action="store_true",
+                   help="score every word of the vocabulary, where the model was exported with vocabulary "
+                        "selection (convs2s-export --vocab-selection), which scores each sentence's candidates only")
     return p
 
 
@@ -59,7 +62,7 @@ def main(argv=None):
         compiled_log.addHandler(handler)
         compiled_log.setLevel(logging.INFO)
     try:
-        model = ExportedModel(args.model, compile=args.compile)
+        model = ExportedModel(args.model, compile=args.compile, vocabulary_selection=not args.no_vocab_selection)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-serve: error: {e}")
     try:

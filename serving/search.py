@@ -6,7 +6,9 @@ each hypothesis offers the special symbols and its 2 x beam best words; the sent
 2 x beam best continuations are taken by score; those ending in eos among the first beam of
 them are finished (the score divided by length ** lenpen); the beam best others go on. A
 sentence is done when it has beam finished hypotheses or reaches the longest output
-allowed, and leaves the batch. Hypotheses come back best first, as fairseq's.
+allowed, and leaves the batch. Hypotheses come back best first, as fairseq's. With
+vocabulary selection a hypothesis's words are its sentence's candidates
+(:mod:`.output_layer`), as the lean step's over the plugin's candidates.
 """
 import math
 from dataclasses import dataclass
@@ -49,7 +51,8 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     if options.min_len > max_len:
         raise ValueError(f"the shortest output ({options.min_len}) is longer than the longest ({max_len})")
     z, sources = model.encode(src_tokens)
-    words_per_row = min(CANDIDATE_MULTIPLE * beam, model.vocabulary_size - nspecial)
+    output = model.output_layer_for(src_tokens, beam)  # W_o over the batch's words
+    words_per_row = min(CANDIDATE_MULTIPLE * beam, output.fewest_words - nspecial)
     width = nspecial + words_per_row
     cand_size = CANDIDATE_MULTIPLE * beam
 
@@ -57,7 +60,6 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     tokens[:, 0] = eos
     scores = torch.zeros(bsz * beam, max_len + 1)
     windows = [torch.zeros(bsz, 1, k, channels) for k, channels in model.windows]
-    logits = torch.empty(bsz * beam, model.vocabulary_size)  # every step's, in the same memory
     cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool)
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
     finished = [False] * bsz
@@ -73,9 +75,8 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
         if step == 0:
             windows = [w.expand(-1, beam, -1, -1) for w in windows]
         features = features.reshape(-1, features.size(-1))
-        step_logits = model.logits(features, out=logits[: len(features)])
-        lprobs, best_words = _local_log_probs(step_logits, nspecial, words_per_row)
-        words = torch.cat([specials.expand(lprobs.size(0), -1), best_words], dim=1)
+        lprobs, best_words = _local_log_probs(output.logits(features), nspecial, words_per_row, output.not_words)
+        words = torch.cat([specials.expand(lprobs.size(0), -1), output.words(best_words)], dim=1)
         lprobs[:, pad] = -math.inf
         lprobs[:, unk] -= options.unkpen
         if step >= max_len:
@@ -117,6 +118,7 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
             scores = scores.view(-1, beam, scores.size(1))[batch_idxs].view(bsz * beam, -1)
             tokens = tokens.view(-1, beam, tokens.size(1))[batch_idxs].view(bsz * beam, -1)
             windows = [w[batch_idxs] for w in windows]
+            output.keep(batch_idxs)
             z, sources = z[batch_idxs], [s[batch_idxs] for s in sources]
 
         # the beam best candidates that do not end, in the candidates' order
@@ -140,13 +142,14 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     return finalized
 
 
-def _local_log_probs(logits, nspecial, words_per_row):
+def _local_log_probs(logits, nspecial, words_per_row, not_words):
     """Each row's log-probabilities of the special symbols and of its best words (the lean
-    step's local vocabulary), and those words' ids: one CPU kernel that reads each row once
-    (:mod:`.top_log_probs`), or torch's log_softmax and top-k; the same numbers."""
-    top = top_log_probs.log_softmax_top_k(logits, nspecial, words_per_row)
+    step's local vocabulary), and those words' columns: one CPU kernel that reads each row
+    once (:mod:`.top_log_probs`), or torch's log_softmax and top-k; the same numbers. The
+    last ``not_words`` columns count in the softmax, never among the best words."""
+    top = top_log_probs.log_softmax_top_k(logits, nspecial, words_per_row, not_words)
     if top is None:
-        top = top_log_probs.top_k(torch.log_softmax(logits, dim=-1), nspecial, words_per_row)
+        top = top_log_probs.top_k(torch.log_softmax(logits, dim=-1), nspecial, words_per_row, not_words)
     return top
 
 

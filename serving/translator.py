@@ -22,11 +22,13 @@ import torch
 
 from . import int8_linear, top_log_probs
 from .compiled import CompiledProgram
+from .output_layer import EveryWord, SentenceCandidates
 from .safe_loading import load_exported, load_tensors
 from .search import Hypothesis, SearchOptions, beam_search
 
 FORMAT = 2  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
 OUTPUT_LAYER = "output.pt"  # W_o's tensors: the step program returns the features it multiplies
+SELECTION = "selection.pt"  # each source word's candidate target words, and the clusters of the others
 BPE_SEPARATOR = "@@"
 
 
@@ -35,9 +37,10 @@ class ExportedModel:
     programs), the vocabularies and, where the model was trained on a ``convs2s-prepare``
     folder, its languages and BPE codes. ``compile``: the two programs compiled to C++ by
     AOTInductor (:mod:`.compiled`), built on first use and cached; else run by torch from
-    Python."""
+    Python. ``vocabulary_selection``: where the export has it (``convs2s-export
+    --vocab-selection``), each sentence's words are its candidates only; False: every word."""
 
-    def __init__(self, directory, compile: bool = False):
+    def __init__(self, directory, compile: bool = False, vocabulary_selection: bool = True):
         self.directory = os.fspath(directory)
         config_path = os.path.join(self.directory, "model.json")
         if not os.path.isfile(config_path):
@@ -70,6 +73,7 @@ class ExportedModel:
         self.encoder, self.decoder_step = (CompiledProgram(path, checked) if compile else checked.program.module()
                                            for path, checked in zip(paths, programs))
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
+        self.selection = self._selection() if vocabulary_selection and "vocabulary_selection" in config else None
         top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
@@ -86,15 +90,13 @@ class ExportedModel:
         """The features of the next word of each hypothesis, and the windows moved on."""
         return self.decoder_step(tokens, torch.tensor(step), windows, z, sources)
 
-    def logits(self, features: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """W_o times ``features`` (rows x embedding) plus its bias, written into ``out``
-        (rows x V, contiguous): the plugin's ``addmm`` in float32 (``OutputProjection``), its
-        int8 kernel for an int8 export."""
-        layer = self.output_layer
-        if "weight_int8" in layer:
-            return int8_linear.int8_linear(features, layer["weight_int8"].t(), layer["weight_scale"], layer["bias"],
-                                           out=out)
-        return torch.addmm(layer["bias"], features, layer["weight"].t(), out=out)
+    def output_layer_for(self, src_tokens: torch.Tensor, beam: int):
+        """W_o for a batch of ``src_tokens`` searched with ``beam``: over each sentence's
+        candidates where the export has vocabulary selection and it is on, else over the
+        whole vocabulary."""
+        if self.selection is not None:
+            return SentenceCandidates(self.output_layer, self.selection, src_tokens)
+        return EveryWord(self.output_layer, len(src_tokens) * beam)
 
     def _output_layer(self, int8: bool):
         """``output.pt``'s W_o, checked against the vocabulary."""
@@ -111,6 +113,32 @@ class ExportedModel:
             raise ValueError(f"{path}: W_o's int8 weights reach beyond model.json's int8_weight_levels: "
                              "export the model again")
         return {name: tensor.contiguous() for name, tensor in layer.items()}
+
+    def _selection(self):
+        """``selection.pt``'s tables (:func:`fairseq_convs2s_ext.generation.export.selection_tables`),
+        checked against the vocabularies and W_o."""
+        path = os.path.join(self.directory, SELECTION)
+        clusters = self.config["vocabulary_selection"]["rest_clusters"]
+        expected = {"aligned": (torch.int32, 2), "always": (torch.int64, 1)}
+        if clusters:  # the clusters' mean rows of W_o, stored as W_o is
+            weight = {"rest_weight_int8": (torch.int8, 2), "rest_weight_scale": (torch.float32, 1)} \
+                if "weight_int8" in self.output_layer else {"rest_weight": (torch.float32, 2)}
+            expected.update(weight, rest_bias=(torch.float32, 1), rest_labels=(torch.int64, 1))
+        tables = load_tensors(path, expected)
+        aligned, always, words = tables["aligned"], tables["always"], self.vocabulary_size
+        fits = (len(aligned) == len(self.source_symbols) and bool(((aligned >= 0) & (aligned < words)).all())
+                and torch.equal(always[: self.nspecial], torch.arange(self.nspecial))
+                and bool((always[1:] > always[:-1]).all()) and int(always[-1]) < words)
+        if clusters:
+            labels = tables["rest_labels"]
+            rows = [t for name, t in tables.items() if name.startswith("rest_") and name != "rest_labels"]
+            fits = (fits and len(labels) == words and bool(((labels >= -1) & (labels < clusters)).all())
+                    and bool((labels[always] == -1).all()) and all(len(t) == clusters for t in rows)
+                    and all(t.size(1) == self.config["output_features"] for t in rows if t.dim() == 2))
+        if not fits:
+            raise ValueError(f"{path}: its candidate tables do not fit model.json's vocabularies and W_o: "
+                             "export the model again")
+        return tables
 
     def source_ids(self, words: Sequence[str]) -> List[int]:
         """fairseq's ``encode_line``: each word's id (``<unk>``'s where the source vocabulary

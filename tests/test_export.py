@@ -61,6 +61,106 @@ def test_the_exported_model_finds_the_plugins_hypotheses(exported, options):
     assert compared == 20
 
 
+def cooccurrence_candidates(prepared, path):
+    """A candidates file (convs2s-align-dict --candidates's format) of the BPE'd training text:
+    each source token's target tokens ranked by how many sentence pairs they share, without an
+    aligner (a test needs a file that fits the dictionaries, not good alignments)."""
+    from collections import Counter, defaultdict
+
+    counts = defaultdict(Counter)
+    source = (prepared / "bpe" / "train.en").read_text(encoding="utf-8").splitlines()
+    target = (prepared / "bpe" / "train.de").read_text(encoding="utf-8").splitlines()
+    for s, t in zip(source, target):
+        for word in set(s.split()):
+            counts[word].update(set(t.split()))
+    lines = [" ".join([word] + [f"{t} {c}" for t, c in sorted(targets.items(), key=lambda tc: (-tc[1], tc[0]))])
+             for word, targets in counts.items()]
+    write_lines(path, lines)
+    return path
+
+
+@pytest.fixture(scope="module")
+def selected(exported, tmp_path_factory):
+    """(the folder exported in float32 with vocabulary selection, the options of fairseq-generate
+    and convs2s-export that select the same candidates)."""
+    prepared, checkpoint, _ = exported
+    work = tmp_path_factory.mktemp("selected")
+    candidates = cooccurrence_candidates(prepared, work / "candidates")
+    options = ["--vocab-selection", candidates, "--vocab-most-common", 20, "--vocab-top-aligned", 6,
+               "--vocab-rest-clusters", 8]
+    run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", work / "exported", *options)
+    return work / "exported", options
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_an_export_with_vocabulary_selection_finds_the_plugins_hypotheses(exported, selected, tmp_path, quantize):
+    """``convs2s-export --vocab-selection``: each sentence's hypotheses are chosen among its own
+    candidates, as fairseq-generate --vocab-selection chooses them (the same file and options,
+    the words left out estimated from W_o's clusters): in float32 every hypothesis of every
+    sentence and its scores; in int8 the best hypothesis of most sentences (the first step
+    differs, see test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kernel).
+    Selection narrows the words (a sentence's candidates are far fewer than the vocabulary),
+    and ``vocabulary_selection=False`` scores every word again."""
+    from convs2s_serving import ExportedModel, SearchOptions, beam_search
+
+    prepared, checkpoint, folder = exported
+    with_selection, selection = selected
+    if quantize == "int8":
+        with_selection = tmp_path / "int8"
+        run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", with_selection, "--quantize", "int8",
+            *selection)
+    task, models, batches, generation = prepared_for_generation(prepared / "bin", checkpoint, "--beam", 4,
+                                                                "--nbest", 4, "--quantize", quantize, *selection)
+    generator = task.build_generator(models, generation)
+    model = ExportedModel(with_selection)
+    search = SearchOptions(beam=4)
+    same = compared = 0
+    for batch in batches:
+        src_tokens = batch["net_input"]["src_tokens"]
+        with torch.inference_mode():
+            expected = task.inference_step(generator, models, task.vocabulary_selection.with_candidates(batch, False))
+            found = beam_search(model, src_tokens, search)
+        layer = model.output_layer_for(src_tokens, 4)
+        assert layer.candidates.ge(0).sum(1).max() < model.vocabulary_size / 2
+        for theirs, ours in zip(expected, found):
+            compared += 1
+            same += ours[0].tokens.tolist() == theirs[0]["tokens"].tolist()
+            if quantize == "none":
+                assert [h.tokens.tolist() for h in ours] == [h["tokens"].tolist() for h in theirs]
+                torch.testing.assert_close(torch.tensor([h.score for h in ours]),
+                                           torch.stack([h["score"] for h in theirs]), rtol=0, atol=1e-4)
+    assert compared == 20 and same >= (20 if quantize == "none" else 14)
+    every_word = ExportedModel(with_selection, vocabulary_selection=False)
+    plain = ExportedModel(folder) if quantize == "none" else None
+    with torch.inference_mode():
+        src_tokens = batches[0]["net_input"]["src_tokens"]
+        if plain is not None:
+            assert ([h[0].tokens.tolist() for h in beam_search(every_word, src_tokens, search)]
+                    == [h[0].tokens.tolist() for h in beam_search(plain, src_tokens, search)])
+
+
+def test_convs2s_serve_scores_each_sentence_s_candidates_unless_told_not_to(exported, selected, tmp_path):
+    """convs2s-serve over an export with selection translates as the runtime with selection
+    (the plugin's hypotheses, above); ``--no-vocab-selection`` as the export without it."""
+    from convs2s_serving import ExportedModel
+
+    prepared, _, folder = exported
+    source = prepared / "bpe" / "test.en"
+    lines = source.read_text(encoding="utf-8").splitlines()
+
+    def served(model, *options):
+        out = tmp_path / "out.de"
+        done = subprocess.run([str(BIN / "convs2s-serve"), str(model), "--tokens", "-i", str(source), "-o", str(out),
+                               *options], capture_output=True, text=True, cwd=ROOT, timeout=COMMAND_TIMEOUT)
+        assert done.returncode == 0, done.stderr
+        return out.read_text(encoding="utf-8").splitlines()
+
+    candidates_only = [" ".join(words) for words in
+                       ExportedModel(selected[0]).translate_tokens([line.split() for line in lines])]
+    assert served(selected[0]) == candidates_only
+    assert served(selected[0], "--no-vocab-selection") == served(folder) != candidates_only
+
+
 def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fairseq(exported, tmp_path):
     """Raw lines in, the plugin's detokenized translations out, in the input's order, with an
     empty line kept empty: and fairseq (and the plugin) cannot even be imported."""
@@ -174,11 +274,20 @@ def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_p
 
 
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",
-                                     "zero beam", "no output layer", "another output layer"])
-def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
+                                     "zero beam", "no output layer", "another output layer", "another selection",
+                                     "selection out of the vocabulary"])
+def test_bad_input_is_one_line_and_writes_nothing(exported, selected, tmp_path, problem):
     from convs2s_serving.translator import FORMAT
 
     _, _, folder = exported
+    if "selection" in problem:  # the tables of another model, or a damaged one
+        tables = torch.load(selected[0] / "selection.pt", weights_only=True)
+        folder = linked_copy(selected[0], tmp_path / "copy", "selection.pt")
+        if problem == "another selection":
+            tables["aligned"] = tables["aligned"][:-1]
+        else:
+            tables["always"][-1] = len(tables["rest_labels"])
+        torch.save(tables, folder / "selection.pt")
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     write_lines(source, ["A dog runs."])
     if problem == "no folder":
@@ -206,7 +315,9 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, problem):
     assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: "), done.stderr
     named = {"no folder": str(folder), "not exported": "convs2s-export", "newer format": "convs2s-export",
              "damaged json": str(folder / "model.json"), "not utf-8": str(source), "zero beam": "--beam",
-             "no output layer": f"{folder / 'output.pt'}: missing", "another output layer": str(folder / "output.pt")}
+             "no output layer": f"{folder / 'output.pt'}: missing", "another output layer": str(folder / "output.pt"),
+             "another selection": str(folder / "selection.pt"),
+             "selection out of the vocabulary": str(folder / "selection.pt")}
     assert named[problem] in lines[0]
     assert not out.exists()
 
@@ -343,41 +454,57 @@ def test_the_archive_torch_loads_is_the_one_checked(exported, tmp_path, monkeypa
         assert beam_search(model, torch.tensor([[5, 6, 7, model.eos]]), SearchOptions(beam=2))[0]
 
 
-def test_a_hostile_output_layer_is_refused_and_never_run(exported, tmp_path):
-    """``output.pt`` (W_o's tensors) is read by torch's weights_only unpickler alone: a pickle
-    that would run code is refused, naming the file, and the code never runs."""
+@pytest.mark.parametrize("name", ["output.pt", "selection.pt"])
+def test_a_hostile_output_layer_or_selection_is_refused_and_never_run(selected, tmp_path, name):
+    """``output.pt`` (W_o's tensors) and ``selection.pt`` (the candidate tables) are read by
+    torch's weights_only unpickler alone: a pickle that would run code is refused, naming the
+    file, and the code never runs."""
     import pickle
 
     from convs2s_serving import ExportedModel
     from convs2s_serving.safe_loading import UnsafeArchive
 
-    _, _, folder = exported
-    copy, marker = linked_copy(folder, tmp_path / "hostile", "output.pt"), tmp_path / "ran"
-    (copy / "output.pt").write_bytes(pickle.dumps({"weight": RunsCode(marker)}))
-    with pytest.raises(UnsafeArchive, match=f"^{copy / 'output.pt'}: holds what torch's safe unpickler refuses"):
+    folder, _ = selected
+    copy, marker = linked_copy(folder, tmp_path / "hostile", name), tmp_path / "ran"
+    (copy / name).write_bytes(pickle.dumps({"weight": RunsCode(marker)}))
+    with pytest.raises(UnsafeArchive, match=f"^{copy / name}: holds what torch's safe unpickler refuses"):
         ExportedModel(copy)
     assert not marker.exists()
     # torch.load without weights_only would have run it
-    subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(copy / 'output.pt')!r}, weights_only=False)"],
+    subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(copy / name)!r}, weights_only=False)"],
                    capture_output=True, cwd=tmp_path, timeout=COMMAND_TIMEOUT)
     assert marker.exists()
 
 
-def test_every_step_of_a_batch_writes_its_logits_into_the_same_memory(exported):
+@pytest.mark.parametrize("selection", [False, True])
+def test_every_step_of_a_batch_writes_its_logits_into_the_same_memory(exported, selected, selection):
     """The step program returns features; W_o multiplies them into one logits tensor a
-    batch, so that no step touches fresh memory (the module's docstring of export says what
-    that cost)."""
+    batch, over every word or over each sentence's candidates, so that no step touches fresh
+    memory (the module's docstring of export says what that cost)."""
     from convs2s_serving import ExportedModel, SearchOptions, beam_search
 
     prepared, checkpoint, folder = exported
     _, _, batches, _ = prepared_for_generation(prepared / "bin", checkpoint)
-    model = ExportedModel(folder)
+    model = ExportedModel(selected[0] if selection else folder)
     written = []
-    logits = model.logits
-    model.logits = lambda features, out: written.append(out.data_ptr()) or logits(features, out)
+    output_layer_for = model.output_layer_for
+
+    def recording(src_tokens, beam):
+        layer = output_layer_for(src_tokens, beam)
+
+        def logits(features, compute=layer.logits):
+            out = compute(features)
+            written.append(out.data_ptr())
+            return out
+
+        layer.logits = logits
+        return layer
+
+    model.output_layer_for = recording
     with torch.inference_mode():
         beam_search(model, batches[0]["net_input"]["src_tokens"], SearchOptions(beam=5, min_len=4, max_len_b=6))
-    assert len(written) >= 5 and set(written) == {written[0]}  # steps 0 to 4 at least (--min-len 4)
+    # steps 1 to 4 at least (--min-len 4); the first, a row a sentence, may take less memory
+    assert len(written) >= 5 and set(written[1:]) == {written[1]}
 
 
 def test_convs2s_serve_refuses_a_hostile_folder_in_one_line(exported, tmp_path):

@@ -16,7 +16,12 @@
 - ``model.json``: both vocabularies, the special symbols' ids, the windows' shapes, the
   width of the step's features, the longest input and output the positions allow, and the
   languages;
-- ``bpe.codes``: the BPE codes the model's data was segmented with, where there are some.
+- ``bpe.codes``: the BPE codes the model's data was segmented with, where there are some;
+- ``selection.pt``, exported with vocabulary selection (``--vocab-selection``,
+  :func:`selection_tables`): each source word's aligned target words and the words every
+  sentence has, from which the runtime takes each sentence's candidates as the plugin's
+  generation does (:mod:`convs2s_serving.candidates`), and the clusters of W_o's rows that
+  stand for the words a sentence's candidates leave out (``--vocab-rest-clusters``).
 
 The programs are the plugin's own modules traced by ``torch.export`` after
 ``make_generation_fast_`` (weight normalization folded into the weights, fc2 into W_o where
@@ -36,8 +41,10 @@ runs); what reads a layer's weights directly stays float32 there, as in the plug
 first step reads the projected sources, where the plugin's reads them unprojected, through
 the attention's int8 layers: the hypotheses are mostly, not all, the plugin's int8 ones.
 
-Exported: the whole vocabulary. Not exported: vocabulary selection, ensembles, unknown-word
-replacement (the runtime returns ``<unk>`` as the plugin does without ``--replace-unk``).
+Exported: the whole vocabulary, and with ``--vocab-selection`` the candidate tables, which the
+runtime uses unless told not to (``convs2s-serve --no-vocab-selection``). Not exported:
+ensembles, unknown-word replacement (the runtime returns ``<unk>`` as the plugin does without
+``--replace-unk``).
 """
 import contextlib
 import json
@@ -50,11 +57,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from convs2s_preprocess.runtime.atomic import atomic_outputs
 from convs2s_serving.safe_loading import check_archive
-from convs2s_serving.translator import FORMAT, OUTPUT_LAYER
+from convs2s_serving.translator import FORMAT, OUTPUT_LAYER, SELECTION
 
 from ..modules.multistep_attention import ProjectedSource
 from ..modules.scaling import scaled_sum
-from .quantization import Int8Weights
+from .quantization import Int8Weights, quantize_weight
 
 
 class SourceEncoding(nn.Module):
@@ -135,6 +142,26 @@ def output_layer(model):
     return tensors
 
 
+def selection_tables(model, selection):
+    """``selection.pt``'s tensors for ``selection`` (the task's ``VocabularySelection``):
+    ``aligned`` (int32, a row of target ids per source id) and ``always`` (the ids every
+    sentence has); where W_o estimates the words left out (``OutputProjection.estimate_rest``),
+    ``rest_labels`` (a cluster id per word, -1 for those of ``always``), each cluster's mean
+    row of W_o and b_o, ``rest_weight`` and ``rest_bias``, the rows quantized per row as the
+    plugin quantizes them for an int8 model (``rest_weight_int8``, ``rest_weight_scale``)."""
+    tables = {"aligned": selection.aligned.to(torch.int32).cpu(), "always": selection.always.long().cpu()}
+    projection = model.decoder.output_projection
+    if projection.rest_clusters is not None:
+        with torch.no_grad():
+            weight, bias = projection.rest_mean_rows()
+        tables.update(rest_labels=projection.rest_clusters.labels.cpu(), rest_bias=bias)
+        if isinstance(projection, Int8Weights):
+            tables["rest_weight_int8"], tables["rest_weight_scale"] = quantize_weight(weight)
+        else:
+            tables["rest_weight"] = weight
+    return tables
+
+
 def window_shapes(model):
     """(k, channels) of each window that :class:`IncrementalStep` keeps."""
     return [(c.kernel_width, c.in_channels) for c in model.decoder.convolutions if c.kernel_width > 1]
@@ -159,11 +186,13 @@ def int8_weights_stored(model):
         registered(False)
 
 
-def export(model, directory, languages=(None, None), bpe_codes=None, romanian=False):
+def export(model, directory, languages=(None, None), bpe_codes=None, romanian=False, selection=None):
     """Write ``model`` (a ConvS2S model prepared for generation, in float32 or quantized to
     int8) into ``directory`` as the module's docstring says, for the CPU; the folder appears whole or not at all.
     ``languages`` (source, target), ``bpe_codes`` (a file) and ``romanian`` (the source was
-    prepared with the Romanian steps) are what the runtime needs to translate raw text."""
+    prepared with the Romanian steps) are what the runtime needs to translate raw text;
+    ``selection`` (the task's ``VocabularySelection``, W_o's ``estimate_rest`` done) the
+    candidates of vocabulary selection."""
     model = model.float().cpu()  # fairseq has put it in eval mode (a prepared model has no train())
     src_dict, tgt_dict = model.encoder.dictionary, model.decoder.dictionary
     sentences, hypotheses = torch.export.Dim("sentences", min=1), torch.export.Dim("hypotheses", min=1)
@@ -197,12 +226,19 @@ def export(model, directory, languages=(None, None), bpe_codes=None, romanian=Fa
     }
     if int8:  # 127, or 63 if quantized on a CPU without VNNI: a CPU serving it must sum these exactly
         config["int8_weight_levels"] = max(int(q.abs().max()) for q in int8)
+    tables = None if selection is None else selection_tables(model, selection)
+    if tables is not None:
+        config["vocabulary_selection"] = {"most_common": len(tables["always"]) - tgt_dict.nspecial,
+                                          "top_aligned": tables["aligned"].size(1),
+                                          "rest_clusters": len(tables.get("rest_bias", ()))}
     with atomic_outputs([os.fspath(directory)]) as (temp,):
         os.makedirs(temp)
         for name, program in (("encoder.pt2", encoder), ("step.pt2", step)):
             torch.export.save(program, os.path.join(temp, name))
             check_archive(os.path.join(temp, name))  # what convs2s-serve will accept, or no folder
         torch.save(output_layer(model), os.path.join(temp, OUTPUT_LAYER))
+        if tables is not None:
+            torch.save(tables, os.path.join(temp, SELECTION))
         if bpe_codes:
             shutil.copyfile(bpe_codes, os.path.join(temp, "bpe.codes"))
         with open(os.path.join(temp, "model.json"), "w", encoding="utf-8") as f:
