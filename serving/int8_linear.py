@@ -25,7 +25,11 @@ widened once for up to 6 rows, two channels at a time. Each shape takes it or th
 product, whichever measured the faster at that shape (:func:`few_rows_chosen`). On an AVX2-only
 AMD EPYC (one thread), where fbgemm's fixed cost dominates a few rows: 5 x 768 -> 512 in 44 us
 against fbgemm's 101, 5 x 256 -> 256 in 14 us against 82; at W_o's shape (5 x 256 -> 9792)
-the race is close, and the measurement at its first call decides. On a host with VNNI, oneDNN's ``torch._int_mm`` multiplied W_o by 5 rows faster than an
+the race is close, and the measurement at its first call decides. Outputs are measured in
+buckets of OUT_BUCKET (rounded up): W_o's rows of a sentence's candidates (vocabulary
+selection, one sentence a batch) are as many as the sentence has, a new number for most
+sentences, and a measurement (9-19 ms on that host, one thread) for each would cost a
+sentence's translation half its time again. On a host with VNNI, oneDNN's ``torch._int_mm`` multiplied W_o by 5 rows faster than an
 earlier version of it (0.28 against 0.39 ms, docs/performance.md).
 
 ``fbgemm`` is chosen only where ``torch._int_mm`` measured more than PRODUCT_MARGIN times its
@@ -84,6 +88,7 @@ SLOWER_THAN_FLOAT32 = 1.25
 PROBE_SHAPE = (128, 512, 2048)  # rows x in -> out: about the size of a decoder step's products
 FEW_ROWS = 8  # rows that the C++ kernel's int8_few_rows may multiply (a sentence's beam)
 FEW_ROWS_MARGIN = 1.25
+OUT_BUCKET = 256  # outputs of a few rows' product measured together (few_rows_chosen)
 
 
 def fbgemm_available() -> bool:
@@ -168,7 +173,6 @@ def int_mm_levels() -> Optional[int]:
     return None
 
 
-@torch.no_grad()  # for generation: rounding has no gradient
 def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
                 out: Optional[torch.Tensor] = None, product: Optional[str] = None) -> torch.Tensor:
     """x (... x in) times int8 weights ``weight_t`` (in x out, per-channel ``scale``) plus
@@ -181,6 +185,9 @@ def int8_linear(x: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, bi
     so that the step makes no second rows x out tensor. ``product``: ``int_mm``, ``fbgemm`` or
     ``few_rows`` (default: :func:`chosen_product`, or ``few_rows`` for a few rows where
     :func:`few_rows_chosen` measured it the faster)."""
+    if torch.is_grad_enabled():  # for generation: rounding has no gradient (a check, cheaper than a decorator)
+        with torch.no_grad():
+            return int8_linear(x, weight_t, scale, bias, out, product)
     rows = x.reshape(-1, x.size(-1))
     if torch.compiler.is_compiling():  # torch.export: one node of the program (convs2s-export --quantize int8)
         return torch.ops.convs2s.int8_linear(rows, weight_t, scale, bias).view(*x.shape[:-1], -1)
@@ -222,14 +229,15 @@ _FEW_ROWS: Dict[tuple, bool] = {}
 def few_rows_chosen(rows: int, weight_t: torch.Tensor, product: str) -> bool:
     """Whether a product of ``rows`` rows (at most FEW_ROWS) with ``weight_t`` is the C++
     kernel's ``int8_few_rows`` rather than ``product`` (the process's, :func:`chosen_product`):
-    measured once a process for each shape (its first call; random values), the best of 3
-    rounds of each. The kernel is kept unless ``product`` measured FEW_ROWS_MARGIN times
+    measured once a process for each shape (its first call; random values; the outputs rounded
+    up to a multiple of OUT_BUCKET), the best of 3 rounds of each. The kernel is kept unless ``product`` measured FEW_ROWS_MARGIN times
     faster: so that a close race does not flip from run to run, and the more precise product
     (8-bit rows where fbgemm's are 7-bit) is kept where the two are close. Not taken where
     ``CONVS2S_INT8_PRODUCT`` pins the product, nor for weights not stored out x in."""
     if not weight_t.t().is_contiguous():
         return False
     width, out = weight_t.shape
+    out = -(-out // OUT_BUCKET) * OUT_BUCKET
     key = (rows, width, out, product)
     if key not in _FEW_ROWS and os.environ.get(PRODUCT_ENV):  # read once a shape, not at every call
         _FEW_ROWS[key] = False

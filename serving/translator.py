@@ -67,6 +67,7 @@ class ExportedModel:
         self.vocabulary_size = len(self.target_symbols)
         self.windows = [tuple(shape) for shape in config["windows"]]
         self.max_target_positions = config["max_target_positions"]
+        self.positions = torch.arange(self.max_target_positions)  # a step's, a 0-d tensor each: none made per step
         self.max_source_positions = config["max_source_positions"]
         paths = [os.path.join(self.directory, name) for name in ("encoder.pt2", "step.pt2")]
         programs = [load_exported(path) for path in paths]  # both checked before either is compiled
@@ -88,7 +89,7 @@ class ExportedModel:
 
     def step(self, tokens, step: int, windows, z, sources):
         """The features of the next word of each hypothesis, and the windows moved on."""
-        return self.decoder_step(tokens, torch.tensor(step), windows, z, sources)
+        return self.decoder_step(tokens, self.positions[step], windows, z, sources)
 
     def output_layer_for(self, src_tokens: torch.Tensor, beam: int):
         """W_o for a batch of ``src_tokens`` searched with ``beam``: over each sentence's

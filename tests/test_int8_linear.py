@@ -87,13 +87,19 @@ def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, th
 @needs_kernel
 def test_a_few_rows_take_the_product_measured_the_faster_at_their_shape(monkeypatch):
     """A beam's rows: int8_few_rows or the process's product, whichever measured the faster at
-    that shape (once, then kept); not for weights stored in x out, nor where the product is
-    pinned; more rows always take the process's product."""
+    that shape (once, then kept; outputs in buckets, so that W_o's rows of each sentence's
+    candidates, as many as it has, are not measured again for every sentence); not for weights
+    stored in x out, nor where the product is pinned; more rows always take the process's
+    product."""
     monkeypatch.delenv(int8_linear.PRODUCT_ENV, raising=False)
     product = int8_linear.chosen_product()
     x, weight_t, scale, bias = operands(5, 40, 30, seed=7)
     few = int8_linear.few_rows_chosen(5, weight_t, product)
-    assert int8_linear._FEW_ROWS[(5, 40, 30, product)] == few
+    assert int8_linear._FEW_ROWS[(5, 40, int8_linear.OUT_BUCKET, product)] == few
+    measured = len(int8_linear._FEW_ROWS)
+    for out in (29, 31, int8_linear.OUT_BUCKET):
+        assert int8_linear.few_rows_chosen(5, operands(5, 40, out, seed=7)[1], product) == few
+    assert len(int8_linear._FEW_ROWS) == measured
     expected = int8_linear.int8_linear(x, weight_t, scale, bias, product="few_rows" if few else product)
     assert torch.equal(int8_linear.int8_linear(x, weight_t, scale, bias), expected)
     if few:  # the numbers of exact sums, which fbgemm's 7-bit rows do not give
