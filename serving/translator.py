@@ -119,7 +119,11 @@ class ExportedModel:
         """``selection.pt``'s tables (:func:`fairseq_convs2s_ext.generation.export.selection_tables`),
         checked against the vocabularies and W_o."""
         path = os.path.join(self.directory, SELECTION)
-        clusters = self.config["vocabulary_selection"]["rest_clusters"]
+        recorded = self.config["vocabulary_selection"]
+        clusters = recorded.get("rest_clusters") if isinstance(recorded, dict) else None
+        if not isinstance(clusters, int) or clusters < 0:
+            raise ValueError(f"{os.path.join(self.directory, 'model.json')}: its vocabulary_selection is not "
+                             "convs2s-export's: export the model again")
         expected = {"aligned": (torch.int32, 2), "always": (torch.int64, 1)}
         if clusters:  # the clusters' mean rows of W_o, stored as W_o is
             weight = {"rest_weight_int8": (torch.int8, 2), "rest_weight_scale": (torch.float32, 1)} \
@@ -135,7 +139,9 @@ class ExportedModel:
             rows = [t for name, t in tables.items() if name.startswith("rest_") and name != "rest_labels"]
             fits = (fits and len(labels) == words and bool(((labels >= -1) & (labels < clusters)).all())
                     and bool((labels[always] == -1).all()) and all(len(t) == clusters for t in rows)
-                    and all(t.size(1) == self.config["output_features"] for t in rows if t.dim() == 2))
+                    and all(t.size(1) == self.config["output_features"] for t in rows if t.dim() == 2)
+                    and all(int(t.abs().max()) <= self.config.get("int8_weight_levels", 127)
+                            for t in rows if t.dtype == torch.int8))  # summed exactly, as W_o's
         if not fits:
             raise ValueError(f"{path}: its candidate tables do not fit model.json's vocabularies and W_o: "
                              "export the model again")

@@ -275,12 +275,16 @@ def test_exporting_an_int8_model_leaves_its_state_dict_as_it_was(exported, tmp_p
 
 @pytest.mark.parametrize("problem", ["no folder", "not exported", "newer format", "damaged json", "not utf-8",
                                      "zero beam", "no output layer", "another output layer", "another selection",
-                                     "selection out of the vocabulary"])
+                                     "selection out of the vocabulary", "damaged selection record"])
 def test_bad_input_is_one_line_and_writes_nothing(exported, selected, tmp_path, problem):
     from convs2s_serving.translator import FORMAT
 
     _, _, folder = exported
-    if "selection" in problem:  # the tables of another model, or a damaged one
+    if problem == "damaged selection record":
+        text = (selected[0] / "model.json").read_text()
+        folder = linked_copy(selected[0], tmp_path / "copy", "model.json")
+        (folder / "model.json").write_text(text.replace('"rest_clusters": ', '"rest_clusters": -'))
+    elif "selection" in problem:  # the tables of another model, or a damaged one
         tables = torch.load(selected[0] / "selection.pt", weights_only=True)
         folder = linked_copy(selected[0], tmp_path / "copy", "selection.pt")
         if problem == "another selection":
@@ -317,7 +321,8 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, selected, tmp_path, 
              "damaged json": str(folder / "model.json"), "not utf-8": str(source), "zero beam": "--beam",
              "no output layer": f"{folder / 'output.pt'}: missing", "another output layer": str(folder / "output.pt"),
              "another selection": str(folder / "selection.pt"),
-             "selection out of the vocabulary": str(folder / "selection.pt")}
+             "selection out of the vocabulary": str(folder / "selection.pt"),
+             "damaged selection record": str(folder / "model.json")}
     assert named[problem] in lines[0]
     assert not out.exists()
 
