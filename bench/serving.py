@@ -287,15 +287,13 @@ class ExportedSystem:
 
         self.name, self.args, self.batches = name, args, batches
         self.folder = tempfile.TemporaryDirectory(prefix="convs2s-exported-")
-        task = convs2s_task(data_bin, **({} if candidates is None else dict(vocab_selection=candidates)))
+        task = convs2s_task(data_bin, vocab_selection=candidates)
         model = fairseq_model(checkpoint, task)
         model.make_generation_fast_(need_attn=False)
         if quantize == "int8":
             quantize_([model])
-        selection = task.vocabulary_selection
-        if selection is not None:  # as generation's generator does
-            model.decoder.output_projection.estimate_rest(selection.always, task.cfg.vocab_rest_clusters)
-        export(model, Path(self.folder.name) / "model", selection=selection)
+        task.estimate_rest([model])
+        export(model, Path(self.folder.name) / "model", selection=task.vocabulary_selection)
         self.model = ExportedModel(Path(self.folder.name) / "model", compile=compile)  # compiled: not timed
 
     def translate(self, forced, which=None):

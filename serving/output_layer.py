@@ -65,11 +65,10 @@ class SentenceCandidates:
         self.own["bias"] = self.own["bias"].masked_fill(own < 0, float("-inf"))
         self.rest: Optional[torch.Tensor] = None
         self.not_words = 0
-        if "rest_labels" in selection:  # the clusters' rows after the words', in the same product
-            self.not_words = len(selection["rest_bias"])
+        if "rest_rows" in selection:  # the clusters' rows after the words', in the same product
+            clusters = selection["rest_rows"]
+            self.not_words = len(clusters["bias"])
             self.rest = rest_log_counts(selection["rest_labels"], self.not_words, self.candidates, torch.float32)
-            clusters = {name[len("rest_"):]: t for name, t in selection.items()
-                        if name.startswith("rest_") and name != "rest_labels"}
             shared = {name: torch.cat([t, clusters[name]]) for name, t in shared.items()}
         self.shared = {name: t.contiguous() for name, t in shared.items()}
         self.memory = {}

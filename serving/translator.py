@@ -117,7 +117,7 @@ class ExportedModel:
 
     def _selection(self):
         """``selection.pt``'s tables (:func:`fairseq_convs2s_ext.generation.export.selection_tables`),
-        checked against the vocabularies and W_o."""
+        checked against the vocabularies and W_o; the clusters' rows under ``rest_rows``."""
         path = os.path.join(self.directory, SELECTION)
         recorded = self.config["vocabulary_selection"]
         clusters = recorded.get("rest_clusters") if isinstance(recorded, dict) else None
@@ -145,6 +145,9 @@ class ExportedModel:
         if not fits:
             raise ValueError(f"{path}: its candidate tables do not fit model.json's vocabularies and W_o: "
                              "export the model again")
+        if clusters:  # the clusters' rows named as W_o's own (output.pt's), for the batches to append
+            tables["rest_rows"] = {name[len("rest_"):]: tables.pop(name) for name in list(tables)
+                                   if name.startswith("rest_") and name != "rest_labels"}
         return tables
 
     def source_ids(self, words: Sequence[str]) -> List[int]:

@@ -60,9 +60,7 @@ def main(argv=None):
     if len(hub.models) != 1:
         sys.exit("convs2s-export: error: --path names one checkpoint: an ensemble is not exported")
     task = hub.task
-    if task.vocabulary_selection is not None:  # as generation's generator does (build_generator)
-        hub.models[0].decoder.output_projection.estimate_rest(task.vocabulary_selection.always,
-                                                              args.vocab_rest_clusters)
+    task.estimate_rest(hub.models)
     export(hub.models[0], args.output, (task.cfg.source_lang, task.cfg.target_lang),
            bpe_codes(binarized_folder(os.path.abspath(args.data))),
            prepared_record(args.data).get("romanian", False), task.vocabulary_selection)

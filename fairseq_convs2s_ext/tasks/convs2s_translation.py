@@ -319,10 +319,7 @@ class ConvS2STranslationTask(TranslationTask):
                 "--sampling, --diverse-beam-groups, --diversity-rate, --match-source-len, "
                 "--constraints, --no-repeat-ngram-size and --lm-path"
             )
-        if self.vocabulary_selection is not None:
-            for model in models:
-                model.decoder.output_projection.estimate_rest(self.vocabulary_selection.always,
-                                                              self.cfg.vocab_rest_clusters)
+        self.estimate_rest(models)
         replace_unk = getattr(args, "replace_unk", None)
         if replace_unk is None or getattr(args, "score_reference", False):
             return generator
@@ -331,6 +328,15 @@ class ConvS2STranslationTask(TranslationTask):
                 model.decoder.make_generation_fast_(need_attn=True)
         return UnknownWordReplacer(generator, self.source_dictionary, self.target_dictionary,
                                    read_align_dict(replace_unk))
+
+    def estimate_rest(self, models) -> None:
+        """With vocabulary selection, each model's W_o estimates the words left out of a
+        sentence's candidates (``--vocab-rest-clusters``, ``OutputProjection.estimate_rest``),
+        as generation and convs2s-export need; nothing without it."""
+        if self.vocabulary_selection is not None:
+            for model in models:
+                model.decoder.output_projection.estimate_rest(self.vocabulary_selection.always,
+                                                              self.cfg.vocab_rest_clusters)
 
     def beam_step(self, models) -> str:
         """The beam step generation uses for ``models``: ``--beam-step``, where auto is the
