@@ -12,7 +12,7 @@
 // kernel is compiled with -ffp-contract=off.
 //
 // Also int8_few_rows: the same numbers for a few rows (a sentence's beam), with the sums made
-// here; int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's own,
+// here (with AVX-512 VNNI's int8 dot products where the CPU has them); int8_rows_by_sentence: vocabulary selection's rows of W_o that are each sentence's own,
 // in int8, times that sentence's hypotheses; and the CPU kernel of torch.ops.convs2s.int8_linear,
 // the operation an exported int8 program calls (below).
 #include <torch/extension.h>
@@ -33,6 +33,8 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -136,6 +138,86 @@ void channel_sums(const int16_t* p, int64_t n, const int8_t* q0, const int8_t* q
   }
 }
 
+#ifdef CPU_CAPABILITY_AVX512
+// channel_sums with VNNI (AVX-512 VNNI on 256-bit vectors): vpdpbusd adds to each 32-bit lane
+// four products of an unsigned byte by a signed one, 32 products an instruction where AVX2's
+// multiply-add of 16-bit pairs makes 16, with no widening. The weights (within +-127) are made
+// unsigned by adding 128, which flips their sign bit; the rows (p, int8) stay signed, so
+//   sum_k (q_k + 128) p_k = sum_k q_k p_k + 128 sum_k p_k,
+// and `shift` holds each row's 128 sum_k p_k over the vectors' part of k. Exact: a lane's four
+// products are at most 255 x 127 each, and no sum saturates (vpdpbusd, not vpdpbusds).
+template <int R>
+__attribute__((target("avx512vnni"))) void channel_sums_vnni(const int8_t* p, int64_t n, const int8_t* q0,
+                                                               const int8_t* q1, const int32_t* shift,
+                                                               int32_t* sums0, int32_t* sums1) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + k)), flip);
+    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + k)), flip);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * n + k));
+      acc0[r] = _mm256_dpbusd_epi32(acc0[r], w0, x);
+      acc1[r] = _mm256_dpbusd_epi32(acc1[r], w1, x);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256i both = _mm256_hadd_epi32(acc0[r], acc1[r]);
+    __m128i half = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    half = _mm_hadd_epi32(half, half);
+    int32_t sum0 = _mm_cvtsi128_si32(half) - shift[r], sum1 = _mm_extract_epi32(half, 1) - shift[r];
+    for (int64_t j = k; j < n; ++j) {
+      sum0 += static_cast<int32_t>(q0[j]) * p[r * n + j];
+      sum1 += static_cast<int32_t>(q1[j]) * p[r * n + j];
+    }
+    sums0[r] = sum0;
+    sums1[r] = sum1;
+  }
+}
+#endif
+
+// Whether int8_few_rows makes its sums with VNNI: built for AVX-512 (torch's capability) and
+// the CPU has AVX-512 VNNI.
+bool vnni_available() {
+#ifdef CPU_CAPABILITY_AVX512
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// The int32 sums (rows x o) of every row with every output channel, two channels at a time and
+// up to 6 rows at a time: `group_sums(std::integral_constant<int, R>, m, j0, j1, found0, found1)`
+// puts those of rows [m, m + R) with channels j0 and j1 in found0 and found1.
+template <class GroupSums>
+void every_channel_sums(int64_t rows, int64_t o, int32_t* sums, const GroupSums& group_sums) {
+  constexpr int64_t kGroup = 6;  // rows multiplied together: each has two vectors of sums
+  at::parallel_for(0, (o + 1) / 2, 8, [&](int64_t begin, int64_t end) {
+    int32_t found0[kGroup], found1[kGroup];
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t j = 2 * pair, j1 = std::min(j + 1, o - 1);  // an odd last channel: twice
+      for (int64_t m = 0; m < rows; m += kGroup) {
+        const int64_t count = std::min(kGroup, rows - m);
+        switch (count) {
+          case 1: group_sums(std::integral_constant<int, 1>(), m, j, j1, found0, found1); break;
+          case 2: group_sums(std::integral_constant<int, 2>(), m, j, j1, found0, found1); break;
+          case 3: group_sums(std::integral_constant<int, 3>(), m, j, j1, found0, found1); break;
+          case 4: group_sums(std::integral_constant<int, 4>(), m, j, j1, found0, found1); break;
+          case 5: group_sums(std::integral_constant<int, 5>(), m, j, j1, found0, found1); break;
+          default: group_sums(std::integral_constant<int, 6>(), m, j, j1, found0, found1); break;
+        }
+        for (int64_t g = 0; g < count; ++g) {
+          sums[(m + g) * o + j] = found0[g];
+          sums[(m + g) * o + j1] = found1[g];
+        }
+      }
+    }
+  });
+}
+
 // A product's float32 input x: rows x n, contiguous, on the CPU.
 void check_input(const char* name, const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(), name,
@@ -161,7 +243,7 @@ void check_output(const char* name, int64_t rows, int64_t o, const at::Tensor& s
 // to 8 rows at a time), the sums turned into `out` as int8_linear turns them: the same numbers,
 // bit for bit, as int8_linear where torch._int_mm sums exactly.
 at::Tensor int8_few_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& bias,
-                         at::Tensor out) {
+                         at::Tensor out, bool vnni) {
   check_input("int8_few_rows", x);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() && q.size(1) == x.size(1),
               "int8_few_rows: q must be a contiguous out x in int8 tensor");
@@ -170,33 +252,30 @@ at::Tensor int8_few_rows(const at::Tensor& x, const at::Tensor& q, const at::Ten
   auto p = at::empty({rows, n}, x.options().dtype(at::kChar));
   auto r = at::empty({rows}, x.options());
   quantize_rows(x.data_ptr<float>(), rows, n, p.data_ptr<int8_t>(), r.data_ptr<float>());
-  const auto wide = p.to(at::kShort);
-  const int16_t* pp = wide.data_ptr<int16_t>();
   const int8_t* qp = q.data_ptr<int8_t>();
   int32_t* sums = reinterpret_cast<int32_t*>(out.data_ptr<float>());  // converted in place below
-  constexpr int64_t kGroup = 6;  // rows multiplied together: each has two vectors of sums
-  at::parallel_for(0, (o + 1) / 2, 8, [&](int64_t begin, int64_t end) {
-    int32_t found0[kGroup], found1[kGroup];
-    for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t j = 2 * pair, j1 = std::min(j + 1, o - 1);  // an odd last channel: twice
-      for (int64_t m = 0; m < rows; m += kGroup) {
-        const int64_t count = std::min(kGroup, rows - m);
-        const int16_t* x = pp + m * n;
-        switch (count) {
-          case 1: channel_sums<1>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-          case 2: channel_sums<2>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-          case 3: channel_sums<3>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-          case 4: channel_sums<4>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-          case 5: channel_sums<5>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-          default: channel_sums<6>(x, n, qp + j * n, qp + j1 * n, found0, found1); break;
-        }
-        for (int64_t g = 0; g < count; ++g) {
-          sums[(m + g) * o + j] = found0[g];
-          sums[(m + g) * o + j1] = found1[g];
-        }
-      }
+#ifdef CPU_CAPABILITY_AVX512
+  if (vnni && vnni_available()) {
+    const int8_t* pp = p.data_ptr<int8_t>();
+    std::vector<int32_t> shift(rows, 0);  // each row's 128 x its sum over the vectors' part
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t k = 0; k < n - n % 32; ++k) shift[m] += 128 * pp[m * n + k];
     }
-  });
+    every_channel_sums(rows, o, sums, [&](auto group, int64_t m, int64_t j0, int64_t j1, int32_t* found0,
+                                          int32_t* found1) {
+      channel_sums_vnni<decltype(group)::value>(pp + m * n, n, qp + j0 * n, qp + j1 * n, shift.data() + m,
+                                                found0, found1);
+    });
+  } else
+#endif
+  {
+    const auto wide = p.to(at::kShort);
+    const int16_t* pp = wide.data_ptr<int16_t>();
+    every_channel_sums(rows, o, sums, [&](auto group, int64_t m, int64_t j0, int64_t j1, int32_t* found0,
+                                          int32_t* found1) {
+      channel_sums<decltype(group)::value>(pp + m * n, n, qp + j0 * n, qp + j1 * n, found0, found1);
+    });
+  }
   dequantize_rows(out.data_ptr<float>(), rows, o, r.data_ptr<float>(), scale.data_ptr<float>(),
                   bias.data_ptr<float>());
   return out;
@@ -301,7 +380,7 @@ at::Tensor int8_linear_op(const at::Tensor& rows, const at::Tensor& weight_t, co
     }
     if (product) {
       auto out = at::empty({rows.size(0), weight_t.size(1)}, rows.options());
-      if (*product == Product::few_rows) return int8_few_rows(rows.contiguous(), weight_t.t(), scale, bias, out);
+      if (*product == Product::few_rows) return int8_few_rows(rows.contiguous(), weight_t.t(), scale, bias, out, true);
       return int8_linear(rows.contiguous(), weight_t, scale, bias, out);
     }
   }
@@ -336,8 +415,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("int8_linear", &int8_linear, "a linear layer in int8: rows quantized, int8 product, sums scaled in place",
         without_gil);
-  m.def("int8_few_rows", &int8_few_rows, "int8_linear for a few rows, its exact int32 sums made with AVX2",
-        without_gil);
+  m.def("int8_few_rows", &int8_few_rows,
+        "int8_linear for a few rows, its exact int32 sums made here: with VNNI where `vnni` and the CPU has it",
+        pybind11::arg("x"), pybind11::arg("q"), pybind11::arg("scale"), pybind11::arg("bias"), pybind11::arg("out"),
+        pybind11::arg("vnni") = true, without_gil);
+  m.def("vnni_available", &vnni_available, "whether int8_few_rows can make its sums with AVX-512 VNNI");
   m.def("int8_rows_by_sentence", &int8_rows_by_sentence, "each sentence's int8 rows times its hypotheses",
         without_gil);
   m.def("serve_operation", &serve_operation, "torch.ops.convs2s.int8_linear on the CPU: here, else `choose`");

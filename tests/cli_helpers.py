@@ -1,6 +1,8 @@
-"""Run fairseq's real command-line tools from the test virtual environment."""
+"""Run fairseq's real command-line tools, and Python code, from the test virtual environment."""
+import os
 import re
 import subprocess
+import sys
 
 from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from convs2s_recipes.settings import fairseq_options, training_config
@@ -19,6 +21,15 @@ def run(tool, *args, cwd=ROOT, check=True, input=None):
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-6000:]}")
     return proc.stdout if check else proc
+
+
+def in_python(code, **env):
+    """Run ``code`` in a fresh interpreter of the test environment, ``env`` added to this
+    one's; return its combined output, asserting that it succeeded."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
+                          env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc.stdout
 
 
 def valid_losses(log):

@@ -13,6 +13,7 @@ import threading
 import pytest
 import torch
 
+from cli_helpers import in_python
 from conftest import ROOT
 from convs2s_serving import int8_linear, kernels
 
@@ -58,6 +59,7 @@ def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads, sto
 
 
 @needs_kernel
+@pytest.mark.parametrize("vnni", [True, False], ids=["VNNI where the CPU has it", "AVX2"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("rows, width, out", [
     (1, 3, 2),  # narrower than a vector
@@ -66,10 +68,12 @@ def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads, sto
     (7, 768, 512),  # a group and one row more, at the convolutions' shape
     (13, 40, 9),  # three groups
     (5, 256, 9792),  # W_o
+    (3, 70, 5),  # two of VNNI's 32-byte vectors and a tail
 ])
-def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, threads):
+def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, threads, vnni):
     """int8_few_rows: int8_linear's numbers, bit for bit, where torch._int_mm sums exactly
-    (its products of the extreme values included)."""
+    (its products of the extreme values included), with VNNI's dot products where the CPU has
+    them and with AVX2's."""
     x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width)
     weight_t[:, 0], weight_t[:, -1] = 127, -127  # the largest products, both signs
     x[rows // 2] = 0  # a row's scale is TINY
@@ -78,10 +82,20 @@ def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, th
     torch.set_num_threads(threads)
     try:
         got = int8_linear.KERNEL.load().int8_few_rows(x, weight_t.t(), scale, bias,
-                                                      torch.full((rows, out), float("nan")))
+                                                      torch.full((rows, out), float("nan")), vnni=vnni)
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(got, int8_linear.int8_linear_torch(x, weight_t, scale, bias, int8_linear.exact_int_mm))
+
+
+@needs_kernel
+def test_a_few_rows_are_summed_with_vnni_exactly_where_torch_builds_for_avx512_on_a_cpu_with_vnni():
+    """VNNI's dot products are used where the kernel is built for torch's AVX512 capability and
+    the CPU lists avx512_vnni (a capability held to AVX2 by ATEN_CPU_CAPABILITY keeps AVX2's)."""
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    expected = CAPABILITY == "AVX512" and "avx512_vnni" in flags
+    assert int8_linear.KERNEL.load().vnni_available() == expected
 
 
 @needs_kernel
@@ -221,12 +235,9 @@ def test_without_vectorized_code_torch_ops_do_the_work_with_a_warning():
             "s, b = torch.rand(5), torch.randn(5)\n"
             "assert torch.equal(m.int8_linear(x, w, s, b, product='int_mm'), m.int8_linear_torch(x, w, s, b))\n"
             "print(m.KERNEL.load())")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "int8_linear kernel is not used (no build for torch's CPU capability DEFAULT)" in proc.stdout
-    assert proc.stdout.split()[-1] == "None"
+    output = in_python(code, ATEN_CPU_CAPABILITY="default")
+    assert "int8_linear kernel is not used (no build for torch's CPU capability DEFAULT)" in output
+    assert output.split()[-1] == "None"
 
 
 needs_fbgemm = pytest.mark.skipif(not int8_linear.fbgemm_available(), reason="this torch has no fbgemm")

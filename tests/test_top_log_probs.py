@@ -3,13 +3,11 @@ its k best words, bit for bit, built where torch runs vectorized code, and torch
 operations, with a warning, where it cannot be had."""
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT
+from cli_helpers import in_python
 from convs2s_serving import kernels, top_log_probs
 
 CAPABILITY = torch.backends.cpu.get_cpu_capability()
@@ -23,15 +21,6 @@ def torch_ops(logits, nspecial, k):
     """The lean step's values without the kernel (which the lean step's tests compare with
     stock fairseq's search): torch.log_softmax, then the top k words."""
     return top_log_probs.top_k(torch.log_softmax(logits, dim=-1), nspecial, k)
-
-
-def in_python(code, **env):
-    """Run `code` in a fresh interpreter of the test environment; returns its output."""
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300,
-                          env={**os.environ, **env},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    return proc.stdout
 
 
 @needs_kernel
