@@ -4,13 +4,13 @@ over each sentence's candidate words (vocabulary selection, ``convs2s-export
 
 Both write a step's logits into memory kept for the batch (a step's fresh hypotheses x V
 tensor cost the int8 product its first touch, :mod:`fairseq_convs2s_ext.generation.export`)
-and map the search's local columns back to target ids. Over candidates they compute what the
-plugin's ``OutputProjection`` does with each sentence's own candidates, product for product:
-the columns every sentence shares (the specials, the most common words, the words many of the
-batch's sentences have, then a column per cluster of the words a sentence's candidates leave
-out) with one product for every hypothesis, -inf where a sentence lacks the word; each
-sentence's other words' rows gathered once a batch and multiplied by its hypotheses alone;
-the finished sentences' rows dropped as they leave. In int8 the shared rows are W_o's int8
+and give the search the target ids of its local columns (``column_ids``). Over candidates
+they compute what the plugin's ``OutputProjection`` does with each sentence's own candidates,
+product for product: the columns every sentence shares (the specials, the most common words,
+the words many of the batch's sentences have, then a column per cluster of the words a
+sentence's candidates leave out) with one product for every hypothesis, -inf where a sentence
+lacks the word; each sentence's other words' rows gathered once a batch and multiplied by its
+hypotheses alone; the finished sentences' rows dropped as they leave. In int8 the shared rows are W_o's int8
 rows (and the clusters' rows quantized at export), those the plugin quantizes once a batch:
 the same int8 values and scales.
 """
@@ -26,6 +26,7 @@ class EveryWord:
     """W_o over the whole vocabulary: the local columns are the target ids."""
 
     not_words = 0  # columns of the logits that are not words
+    column_ids = None  # the local columns are the target ids
 
     def __init__(self, layer: dict, hypotheses: int):
         self.layer = layer
@@ -36,9 +37,6 @@ class EveryWord:
         """W_o times ``features`` (rows x embedding) plus its bias: the plugin's ``addmm`` in
         float32 (``OutputProjection``), its int8 kernel for an int8 export."""
         return _product(features, self.layer, self.memory[: len(features)])
-
-    def words(self, columns: torch.Tensor) -> torch.Tensor:
-        return columns
 
     def keep(self, sentences: torch.Tensor) -> None:
         pass
@@ -98,9 +96,10 @@ class SentenceCandidates:
         out = self._memory("logits", len(features), columns).view(sentences, -1, columns)
         return torch.cat(parts, dim=-1, out=out).view(len(features), columns)
 
-    def words(self, columns: torch.Tensor) -> torch.Tensor:
-        """The target ids of local ``columns`` (rows x k, a row a hypothesis, or a sentence)."""
-        return self.candidates.gather(1, columns.view(len(self.candidates), -1)).view_as(columns)
+    @property
+    def column_ids(self) -> torch.Tensor:
+        """The target id of each sentence's local columns (sentences x columns)."""
+        return self.candidates
 
     def keep(self, sentences: torch.Tensor) -> None:
         """Only the ``sentences`` still searched (their positions in the batch as it was)."""

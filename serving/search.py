@@ -8,15 +8,15 @@ them are finished (the score divided by length ** lenpen); the beam best others 
 sentence is done when it has beam finished hypotheses or reaches the longest output
 allowed, and leaves the batch. Hypotheses come back best first, as fairseq's. With
 vocabulary selection a hypothesis's words are its sentence's candidates
-(:mod:`.output_layer`), as the lean step's over the plugin's candidates.
+(:mod:`.output_layer`), as the lean step's over the plugin's candidates. The bookkeeping of a
+step around the model is :mod:`.search_step`'s, in two calls of a C++ kernel.
 """
-import math
 from dataclasses import dataclass
 from typing import List
 
 import torch
 
-from . import top_log_probs
+from . import search_step, top_log_probs
 
 CANDIDATE_MULTIPLE = 2  # fairseq's BeamSearch keeps 2 x beam candidates, half of them may end
 
@@ -41,6 +41,7 @@ class SearchOptions:
     unkpen: float = 0.0
 
 
+@torch.inference_mode()
 def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List[List[Hypothesis]]:
     """The hypotheses of each sentence of ``src_tokens`` (sentences x S, left-padded, each
     ending with eos, at least one word), best first; ``model`` an
@@ -53,7 +54,6 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     z, sources = model.encode(src_tokens)
     output = model.output_layer_for(src_tokens, beam)  # W_o over the batch's words
     words_per_row = min(CANDIDATE_MULTIPLE * beam, output.fewest_words - nspecial)
-    width = nspecial + words_per_row
     cand_size = CANDIDATE_MULTIPLE * beam
 
     tokens = torch.full((bsz * beam, max_len + 2), pad, dtype=torch.long)
@@ -64,9 +64,7 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
     finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
     finished = [False] * bsz
     sentence_of = torch.arange(bsz)  # each row of the batch's sentence
-    bbsz_offsets = (torch.arange(bsz) * beam).unsqueeze(1)
-    cand_offsets = torch.arange(cand_size)
-    specials = torch.arange(nspecial)
+    masks = (nspecial, eos, pad, unk, options.unkpen, max_len, options.min_len, cand_size)
 
     for step in range(max_len + 1):
         # the first step once per sentence: its hypotheses all hold eos alone
@@ -75,33 +73,15 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
         if step == 0:
             windows = [w.expand(-1, beam, -1, -1) for w in windows]
         features = features.reshape(-1, features.size(-1))
-        lprobs, best_words = _local_log_probs(output.logits(features), nspecial, words_per_row, output.not_words)
-        words = torch.cat([specials.expand(lprobs.size(0), -1), output.words(best_words)], dim=1)
-        lprobs[:, pad] = -math.inf
-        lprobs[:, unk] -= options.unkpen
-        if step >= max_len:
-            lprobs[:, :eos] = -math.inf
-            lprobs[:, eos + 1:] = -math.inf
-        if step < options.min_len:
-            lprobs[:, eos] = -math.inf
-
-        # search.BeamSearch.step
-        if step > 0:
-            lprobs = (lprobs.view(bsz, beam, width) + scores[:, step - 1].view(bsz, beam, 1)).view(bsz, -1)
-        top = torch.topk(lprobs, k=min(cand_size, lprobs.size(1) - 1))
-        cand_scores = top.values
-        cand_beams = torch.div(top.indices, width, rounding_mode="trunc")
-        cand_indices = words.view(bsz, -1).gather(1, top.indices)
-
-        cand_bbsz_idx = cand_beams + bbsz_offsets
-        eos_mask = cand_indices.eq(eos) & cand_scores.ne(-math.inf)
-        eos_mask[:, :beam][cands_to_ignore] = False
-        eos_bbsz_idx = torch.masked_select(cand_bbsz_idx[:, :beam], mask=eos_mask[:, :beam])
+        lprobs, columns = _local_log_probs(output.logits(features), nspecial, words_per_row, output.not_words)
+        found = search_step.candidates(lprobs, columns, output.column_ids, scores, cands_to_ignore, step, bsz, beam,
+                                       *masks)
         finalized_rows: List[int] = []
-        if eos_bbsz_idx.numel() > 0:
-            eos_scores = torch.masked_select(cand_scores[:, :beam], mask=eos_mask[:, :beam])
-            finalized_rows = _finalize(step, eos_bbsz_idx, eos_scores, tokens, scores, finalized, finished,
-                                       sentence_of, eos, beam, max_len, options.lenpen)
+        if found.any_end:
+            ends = found.ends[:, :beam]
+            rows = torch.masked_select(found.beams[:, :beam] + torch.arange(bsz).unsqueeze(1) * beam, mask=ends)
+            finalized_rows = _finalize(step, rows, torch.masked_select(found.scores[:, :beam], mask=ends), tokens,
+                                       scores, finalized, finished, sentence_of, eos, beam, max_len, options.lenpen)
         if all(finished):
             break
 
@@ -110,10 +90,7 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
             keep[finalized_rows] = False
             batch_idxs = keep.nonzero().squeeze(1)
             bsz = len(batch_idxs)
-            eos_mask, cand_beams = eos_mask[batch_idxs], cand_beams[batch_idxs]
-            bbsz_offsets = bbsz_offsets[:bsz]
-            cand_bbsz_idx = cand_beams + bbsz_offsets
-            cand_scores, cand_indices = cand_scores[batch_idxs], cand_indices[batch_idxs]
+            found = search_step.Candidates(*(t[batch_idxs] for t in found[:4]), found.any_end)
             cands_to_ignore, sentence_of = cands_to_ignore[batch_idxs], sentence_of[batch_idxs]
             scores = scores.view(-1, beam, scores.size(1))[batch_idxs].view(bsz * beam, -1)
             tokens = tokens.view(-1, beam, tokens.size(1))[batch_idxs].view(bsz * beam, -1)
@@ -121,20 +98,8 @@ def beam_search(model, src_tokens: torch.Tensor, options: SearchOptions) -> List
             output.keep(batch_idxs)
             z, sources = z[batch_idxs], [s[batch_idxs] for s in sources]
 
-        # the beam best candidates that do not end, in the candidates' order
-        eos_mask[:, :beam] = ~((~cands_to_ignore) & (~eos_mask[:, :beam]))
-        active_mask = eos_mask.long() * cand_size + cand_offsets[: eos_mask.size(1)]
-        new_cands_to_ignore, active_hypos = torch.topk(active_mask, k=beam, dim=1, largest=False)
-        cands_to_ignore = new_cands_to_ignore.ge(cand_size)[:, :beam]
-        active_bbsz_idx = torch.gather(cand_bbsz_idx, dim=1, index=active_hypos).view(-1)
-
-        tokens[:, : step + 1] = tokens[:, : step + 1].index_select(0, active_bbsz_idx)
-        tokens.view(bsz, beam, -1)[:, :, step + 1] = torch.gather(cand_indices, dim=1, index=active_hypos)
-        if step > 0:
-            scores[:, :step] = scores[:, :step].index_select(0, active_bbsz_idx)
-        scores.view(bsz, beam, -1)[:, :, step] = torch.gather(cand_scores, dim=1, index=active_hypos)
-        windows = [w.reshape(-1, *w.shape[2:]).index_select(0, active_bbsz_idx).view(bsz, beam, *w.shape[2:])
-                   for w in windows]
+        # the beam best candidates that do not end become the hypotheses
+        cands_to_ignore, windows = search_step.advance(found, cands_to_ignore, tokens, scores, windows, step, beam)
 
     for hypotheses in finalized:  # best first, as fairseq sorts them
         order = torch.sort(torch.tensor([h.score for h in hypotheses]), descending=True).indices

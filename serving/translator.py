@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from . import int8_linear, top_log_probs
+from . import int8_linear, search_step, top_log_probs
 from .compiled import CompiledProgram
 from .output_layer import EveryWord, SentenceCandidates
 from .safe_loading import load_exported, load_tensors
@@ -75,7 +75,8 @@ class ExportedModel:
                                            for path, checked in zip(paths, programs))
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
         self.selection = self._selection() if vocabulary_selection and "vocabulary_selection" in config else None
-        top_log_probs.load()  # the search's kernel, built now if need be rather than in the first batch
+        top_log_probs.load()  # the search's kernels, built now if need be rather than in the first batch
+        search_step.load()
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
 
