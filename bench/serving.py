@@ -344,11 +344,12 @@ SYSTEMS = ("CTranslate2 float32", PEER, ONE_TRANSLATOR, "fairseq, Transformer", 
            COMPILED_SELECTION, f"{COMPILED_SELECTION}, a process a thread")
 
 
-def trained_models(args, data_bin):
-    """Every model of the comparison, trained (or taken from the cache), and the vocabulary map."""
+def trained_models(args, data_bin, systems=SYSTEMS):
+    """The models of the comparison, trained (or taken from the cache): the Transformer and ours
+    always, fconv where ``systems`` include it; and the vocabulary map."""
     transformer = trained("transformer", data_bin, TRANSFORMER_RECIPE, args.train_minutes, args.threads)
     ours = trained("convs2s", data_bin, OURS_RECIPE, args.train_minutes, args.threads)
-    fconv = trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads)
+    fconv = trained("fconv", data_bin, FCONV_RECIPE, args.train_minutes, args.threads) if "fconv" in systems else None
     candidates_file = candidates("demo")
     selection = convs2s_task(data_bin, vocab_selection=candidates_file).vocabulary_selection
     task = translation_task(data_bin)
@@ -569,13 +570,13 @@ def main(argv=None):
     data_bin = prepare("demo")
     if args.quality:
         return quality(args, data_bin)
-    models = trained_models(args, data_bin)
+    systems = args.systems or SYSTEMS
+    models = trained_models(args, data_bin, systems)
     _, ids, _ = sentences_to_translate(translation_task(data_bin), args, data_bin)
     references = [test_text("de")[i] for i in ids]
     sentences = len(ids)
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
                "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
-    systems = args.systems or SYSTEMS
     log(f"translating {sentences} sentences with {len(systems)} systems, {args.repeats} passes each")
     print_header(machine, args)
 
