@@ -64,11 +64,10 @@ import hashlib
 import json
 import multiprocessing
 import os
-import queue
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -417,10 +416,12 @@ class SystemProcess:
 _SYSTEM = None  # in a SystemProcess's process: its system
 
 
-def _build_here(name, models, args, data_bin):
+def _build_here(name, models, args, data_bin, built=None):
     global _SYSTEM
     torch.set_num_threads(args.threads)
     _SYSTEM = build_system(name, models, args, data_bin)
+    if built is not None:
+        built.wait()  # until every process of the pool has its system
 
 
 def _translate_here(forced, which):
@@ -429,45 +430,35 @@ def _translate_here(forced, which):
 
 class ProcessesSystem:
     """Ours (:data:`SPLIT`: int8, or int8 with vocabulary selection) in ``--threads``
-    processes of one thread each (:class:`SystemProcess`), each batch handed to whichever
+    processes of one thread each, each holding the system, each batch handed to whichever
     process is free, the longest first, as ``convs2s-translate --workers`` shares its batches
-    out (fairseq_convs2s_ext/models/hub_workers.py); the time is the whole set's, taken here
-    (the messages between the processes counted)."""
+    out (fairseq_convs2s_ext/models/hub_workers.py: one pool, every batch submitted at once,
+    so that a process finds its next batch queued when it finishes one); the time is the
+    whole set's, taken here (the messages between the processes counted)."""
 
     def __init__(self, name, models, args, data_bin):
         self.name = name
         one_thread = argparse.Namespace(**{**vars(args), "threads": 1})
-        self.processes = [SystemProcess(SPLIT[name], models, one_thread, data_bin) for _ in range(args.threads)]
-        self.feeders = ThreadPoolExecutor(args.threads)  # a thread here hands batches to each process
+        spawn = multiprocessing.get_context("spawn")
+        self.pool = ProcessPoolExecutor(args.threads, mp_context=spawn, initializer=_build_here,
+                                        initargs=(SPLIT[name], models, one_thread, data_bin, spawn.Barrier(args.threads)))
+        for started in [self.pool.submit(int) for _ in range(args.threads)]:  # built before any pass is timed
+            started.result()
         batches, _, _ = sentences_to_translate(translation_task(data_bin), args, data_bin)
         self.ids = [sorted(batch["id"].tolist()) for batch in batches]
 
     def translate(self, forced):
-        todo = queue.SimpleQueue()
-        for i in reversed(range(len(self.ids))):
-            todo.put(i)
-
-        def work(process):
-            done = []
-            while True:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return done
-                done.append((i, process.translate(forced, [i])))
-
+        longest_first = list(reversed(range(len(self.ids))))
         start = time.perf_counter()
-        done = [batch for part in self.feeders.map(work, self.processes) for batch in part]
+        done = list(self.pool.map(_translate_here, [forced] * len(longest_first), [[i] for i in longest_first]))
         seconds = time.perf_counter() - start
         text = {}
-        for i, (_, batch_text, _) in done:
+        for i, (_, batch_text, _) in zip(longest_first, done):
             text.update(zip(self.ids[i], batch_text))
-        return seconds, [text[i] for i in sorted(text)], sum(tokens for _, (_, _, tokens) in done)
+        return seconds, [text[i] for i in sorted(text)], sum(tokens for _, _, tokens in done)
 
     def close(self):
-        self.feeders.shutdown()
-        for process in self.processes:
-            process.close()
+        self.pool.shutdown()
 
 
 def measure_each_alone(names, models, args, data_bin, sentences, each_phase=None):
