@@ -9,6 +9,7 @@ torch alone.
 - :mod:`.compiled`     the encoder and that step compiled to C++ by AOTInductor
                        (``convs2s-serve --compile``)
 - :mod:`.cli`          ``convs2s-serve``
+- :mod:`.workers`      processes side by side (``--workers``)
 - :mod:`.search_step`  a step's bookkeeping around the model, in two C++ calls
 - :mod:`.top_log_probs`, :mod:`.int8_linear`  the C++ kernels of a beam step (:mod:`.kernels`
                        builds them), which the plugin's generation runs too

@@ -14,6 +14,8 @@ package's tokenizer and BPE (sacremoses, subword-nmt). The search is :mod:`.sear
 fairseq's; batches are sentences of similar length, as fairseq-generate and the hub make
 them.
 """
+import contextlib
+import itertools
 import json
 import os
 from typing import List, Optional, Sequence
@@ -25,6 +27,7 @@ from .compiled import CompiledProgram
 from .output_layer import EveryWord, SentenceCandidates
 from .safe_loading import load_exported, load_tensors
 from .search import Hypothesis, SearchOptions, beam_search
+from .workers import started_pool
 
 FORMAT = 2  # the model.json format read here (fairseq_convs2s_ext.generation.export writes it)
 OUTPUT_LAYER = "output.pt"  # W_o's tensors: the step program returns the features it multiplies
@@ -38,9 +41,17 @@ class ExportedModel:
     folder, its languages and BPE codes. ``compile``: the two programs compiled to C++ by
     AOTInductor (:mod:`.compiled`), built on first use and cached; else run by torch from
     Python. ``vocabulary_selection``: where the export has it (``convs2s-export
-    --vocab-selection``), each sentence's words are its candidates only; False: every word."""
+    --vocab-selection``), each sentence's words are its candidates only; False: every word.
+    ``workers``: translate in that many processes side by side, each with this process's
+    threads shared out (at least one) and a model of its own, every batch queued at once
+    and taken by whichever is free, the longest first, as the plugin's ``HubWorkers`` shares
+    out the hub's; the translations are the same. The model is loaded (and compiled) here
+    first, so that a folder that cannot be used fails before any process starts; ``close()``
+    (or ``with``) ends them."""
 
-    def __init__(self, directory, compile: bool = False, vocabulary_selection: bool = True):
+    def __init__(self, directory, compile: bool = False, vocabulary_selection: bool = True, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
         self.directory = os.fspath(directory)
         config_path = os.path.join(self.directory, "model.json")
         if not os.path.isfile(config_path):
@@ -71,14 +82,33 @@ class ExportedModel:
         self.max_source_positions = config["max_source_positions"]
         paths = [os.path.join(self.directory, name) for name in ("encoder.pt2", "step.pt2")]
         programs = [load_exported(path) for path in paths]  # both checked before either is compiled
-        self.encoder, self.decoder_step = (CompiledProgram(path, checked) if compile else checked.program.module()
-                                           for path, checked in zip(paths, programs))
+        # each worker's threads: this process's shared out (a compiled library is built for a number of threads,
+        # so this process builds the workers' one, once, before they start)
+        threads = max(1, torch.get_num_threads() // workers)
+        with _threads(threads):
+            self.encoder, self.decoder_step = [CompiledProgram(path, checked) if compile else checked.program.module()
+                                               for path, checked in zip(paths, programs)]
         self.output_layer = self._output_layer(config.get("quantize") == "int8")
         self.selection = self._selection() if vocabulary_selection and "vocabulary_selection" in config else None
         top_log_probs.load()  # the search's kernels, built now if need be rather than in the first batch
         search_step.load()
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
+        self.pool = None
+        if workers > 1:  # this process's model checked, compiled and loaded first: a bad folder fails here
+            self.pool = started_pool(workers, _load_worker, (threads, self.directory, compile, vocabulary_selection))
+
+    def close(self):
+        """End the worker processes, if any."""
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def bpe_codes(self) -> Optional[str]:
@@ -172,22 +202,65 @@ class ExportedModel:
                              f"model's {self.max_source_positions} source positions")
         results: List[List[Hypothesis]] = [[] for _ in sentences]
         order = sorted((i for i, s in enumerate(sentences) if len(s) > 1), key=lambda i: len(sentences[i]))
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                batch = order[start: start + batch_size]
-                width = max(len(sentences[i]) for i in batch)
-                src_tokens = torch.full((len(batch), width), self.config["source_pad"], dtype=torch.long)
-                for row, i in enumerate(batch):
-                    src_tokens[row, width - len(sentences[i]):] = torch.tensor(sentences[i])
-                for i, hypotheses in zip(batch, beam_search(self, src_tokens, options)):
-                    results[i] = hypotheses
+        batches = [order[start: start + batch_size] for start in range(0, len(order), batch_size)][::-1]
+        sources = [[sentences[i] for i in batch] for batch in batches]  # the longest first: workers end together
+        if self.pool is None:
+            found = (self.search(batch, options) for batch in sources)
+        else:  # every batch queued at once, so that a worker finds its next one waiting
+            found = (_hypotheses(sent) for sent in self.pool.map(_search_in_worker, sources, itertools.repeat(options)))
+        for batch, hypotheses in zip(batches, found):
+            for i, h in zip(batch, hypotheses):
+                results[i] = h
         return results
+
+    def search(self, sentences: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
+        """:func:`.search.beam_search` of one batch of sentences (source ids ending with eos,
+        each with a word), left-padded."""
+        width = max(len(ids) for ids in sentences)
+        src_tokens = torch.full((len(sentences), width), self.config["source_pad"], dtype=torch.long)
+        for row, ids in enumerate(sentences):
+            src_tokens[row, width - len(ids):] = torch.tensor(ids)
+        return beam_search(self, src_tokens, options)
 
     def translate_tokens(self, sentences: List[List[str]], batch_size: int = 128, **options) -> List[List[str]]:
         """The best hypothesis of each sentence (a list of tokens, BPE'd as the model's data),
         as tokens; ``options``: :class:`SearchOptions`'s (beam, lenpen, max_len_a, ...)."""
         found = self.translate_ids([self.source_ids(s) for s in sentences], SearchOptions(**options), batch_size)
         return [self.target_words(h[0].tokens) if h else [] for h in found]
+
+
+@contextlib.contextmanager
+def _threads(threads: int):
+    """torch's threads set to ``threads`` for the block."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+_WORKER_MODEL = None  # in a worker process: its model
+
+
+def _load_worker(threads, directory, compile, vocabulary_selection, loaded):
+    global _WORKER_MODEL
+    torch.set_num_threads(threads)
+    _WORKER_MODEL = ExportedModel(directory, compile=compile, vocabulary_selection=vocabulary_selection)
+    loaded.wait()  # until every worker has its model (one that fails breaks the pool: the rest are ended)
+
+
+def _search_in_worker(sentences, options):
+    """A batch's hypotheses as lists and floats: pickling a sentence's 15 small tensors between
+    processes cost more than searching it (one sentence a batch)."""
+    return [[(h.tokens.tolist(), h.score, h.positional_scores.tolist()) for h in hypotheses]
+            for hypotheses in _WORKER_MODEL.search(sentences, options)]
+
+
+def _hypotheses(sent):
+    """The hypotheses a worker sent (:func:`_search_in_worker`), as :class:`Hypothesis`."""
+    return [[Hypothesis(torch.tensor(tokens), score, torch.tensor(positional, dtype=torch.float32))
+             for tokens, score, positional in hypotheses] for hypotheses in sent]
 
 
 def translate(model: ExportedModel, lines: List[str], batch_size: int = 128, **options) -> List[str]:

@@ -182,6 +182,31 @@ def test_convs2s_serve_translates_raw_text_as_convs2s_translate_does_without_fai
     assert "convs2s-serve: 21 sentences in" in done.stderr
 
 
+def test_workers_translate_as_one_process_and_end(exported, tmp_path):
+    """``convs2s-serve --workers 2`` (``ExportedModel(..., workers=2)``): processes side by side,
+    each batch taken by whichever is free, the longest first; the same lines in the input's
+    order as one process, and the processes end with the model."""
+    from convs2s_serving import ExportedModel
+
+    prepared, _, folder = exported
+    lines = (prepared.parent / "raw" / "test.en").read_text(encoding="utf-8").splitlines()
+    source = tmp_path / "in.en"
+    write_lines(source, lines)
+    one, two = tmp_path / "one.de", tmp_path / "two.de"
+    run("convs2s-serve", folder, "-i", source, "-o", one, "--batch-size", 3)
+    log = run("convs2s-serve", folder, "-i", source, "-o", two, "--batch-size", 3, "--workers", 2)
+    assert two.read_text(encoding="utf-8") == one.read_text(encoding="utf-8")
+    assert f"convs2s-serve: {len(lines)} sentences in" in log and "2 workers of" in log
+    tokens = [line.split() for line in (prepared / "bpe" / "test.en").read_text(encoding="utf-8").splitlines()]
+    with ExportedModel(folder, workers=2) as model:
+        processes = list(model.pool._processes.values())
+        assert model.translate_tokens(tokens, batch_size=4) == ExportedModel(folder).translate_tokens(tokens)
+    assert len(processes) == 2 and not any(process.is_alive() for process in processes)
+    refused = run("convs2s-serve", folder, "-i", source, "--workers", 0, check=False)
+    assert refused.returncode != 0
+    assert refused.stdout.strip().splitlines() == ["convs2s-serve: error: --workers must be at least 1, not 0"]
+
+
 def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kernel(exported, tmp_path):
     """``--quantize int8``: the layers are calls of the int8 kernel's torch operation in the
     program, and the search finds the plugin's int8 hypotheses on most sentences (not all:

@@ -21,11 +21,10 @@ longest first, and that worker translates them as the very same batch. Tokenizin
 in the workers as well, a share each. The workers run on the CPU.
 """
 import itertools
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, List, Optional
 
 import torch
+from convs2s_serving.workers import started_pool
 
 from .hub_interface import check_sentences, from_pretrained
 
@@ -73,15 +72,7 @@ class HubWorkers:
         self.hub = from_pretrained(*args, **kwargs)
         self.pool = None
         if workers > 1:
-            spawn = multiprocessing.get_context("spawn")
-            self.pool = ProcessPoolExecutor(workers, mp_context=spawn, initializer=_load,
-                                            initargs=(self.threads, args, kwargs, spawn.Barrier(workers)))
-            try:
-                for started in [self.pool.submit(int) for _ in range(workers)]:  # a process each, started now
-                    started.result()
-            except BaseException:
-                self.close()
-                raise
+            self.pool = started_pool(workers, _load, (self.threads, args, kwargs))
 
     def translate(self, sentences: List[str], beam: int = 5, nbest: int = 1,
                   preprocess: Optional[Callable[[str], str]] = None, postprocess: Optional[Callable[[str], str]] = None,
