@@ -29,8 +29,8 @@ void check(bool ok, const char* what) { TORCH_CHECK(ok, "search_step: ", what); 
 // at the nspecial special symbols (columns 0..nspecial-1, whose ids are their columns), then at
 // its best words, whose local columns are `columns` (rows x width - nspecial) and whose target ids
 // are `candidates[sentence][column]` (sentences x C), or the columns themselves where none is
-// given. rows is bsz x beam, or bsz at the first step (a row a sentence). scores (bsz x beam x
-// (max_len + 1)) holds the hypotheses' scores so far; cands_to_ignore (bsz x beam, bool) the
+// given. rows is bsz * beam, or bsz at the first step (a row a sentence). scores (bsz * beam
+// hypotheses x max_len + 1 steps) holds their scores so far; cands_to_ignore (bsz x beam, bool) the
 // candidates that advance kept though they end. Returns each sentence's best k continuations
 // (bsz x k): scores, target ids, the beam each continues, whether it ends (eos, a finite score,
 // not to be ignored), and whether any of the first beam of them ends.
@@ -123,10 +123,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, bool> candidates(
 
 // The beam best candidates of each sentence that do not end (those that end, or were to be
 // ignored, after all the others where fewer than beam do not), in the candidates' order,
-// become its hypotheses: tokens (bsz x beam x (max_len + 2), int64) and scores (bsz x beam x
-// (max_len + 1), float32) reordered up to the step and extended by the candidate's id and score;
-// each window (bsz x beam or 1 x ...) reordered. Returns the new cands_to_ignore (bsz x beam,
-// bool: the chosen that end) and the windows.
+// become its hypotheses: tokens (bsz * beam x max_len + 2, int64) and scores (bsz * beam x
+// max_len + 1, float32) reordered up to the step and extended by the candidate's id and score;
+// each window (bsz x beam x ..., an expanded view at the first step) reordered. Returns the new
+// cands_to_ignore (bsz x beam, bool: the chosen that end) and the windows.
 std::tuple<at::Tensor, std::vector<at::Tensor>> advance(
     const at::Tensor& eos_mask, const at::Tensor& cands_to_ignore, const at::Tensor& cand_beams,
     const at::Tensor& cand_indices, const at::Tensor& cand_scores, at::Tensor tokens, at::Tensor scores,
