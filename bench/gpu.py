@@ -61,6 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--skip", default="", help="comma-separated: train,generate")
     p.add_argument("--cpu", action="store_true", help="run on the CPU: a smoke test of this command, few updates")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--logs", type=Path, help="keep each fairseq run's whole output in this folder, written as it runs")
     args = p.parse_args(argv)
     if args.cpu:
         args.updates, args.log_interval, args.precisions = min(args.updates, 6), 2, "fp32"
@@ -69,13 +70,18 @@ def parse_args(argv=None):
     return args
 
 
-def fairseq(tool, *options):
-    """Run fairseq's ``tool`` (train, generate) in this Python; its output (stdout and stderr)."""
+def fairseq(tool, *options, log):
+    """Run fairseq's ``tool`` (train, generate) in this Python; its output (stdout and stderr),
+    written to the file ``log`` as it runs, so that a run stopped by a time limit leaves what it
+    printed (``--compile``'s compilation times among it)."""
     command = [sys.executable, "-m", f"fairseq_cli.{tool}", *map(str, options)]
-    out = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"bench.gpu: fairseq-{tool} failed:\n  {' '.join(command)}\n" + out.stdout[-3000:])
-    return out.stdout
+    with open(log, "w") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT).returncode
+    output = Path(log).read_text()
+    if code != 0:
+        raise SystemExit(f"bench.gpu: fairseq-{tool} failed (its whole output: {log}):\n  {' '.join(command)}\n"
+                         + output[-3000:])
+    return output
 
 
 def train(args, data_bin, model, arch, max_tokens, precision):
@@ -88,10 +94,11 @@ def train(args, data_bin, model, arch, max_tokens, precision):
                          "--criterion", "convs2s_cross_entropy", *fconv_layers]
         if model.endswith("--compile"):
             model_options.append("--compile")
+    name = f"train-{model.replace(' --', '-')}-{arch}-{max_tokens}-{precision}.log"
     log = fairseq("train", data_bin, *model_options, *fairseq_options(SETTINGS), "--max-tokens", max_tokens,
                   "--max-update", args.updates, "--seed", 1, "--no-save", "--disable-validation",
                   "--log-format", "json", "--log-interval", args.log_interval, "--no-progress-bar",
-                  *({"fp32": [], "fp16": ["--fp16"], "amp": ["--amp"]}[precision]), *(["--cpu"] if args.cpu else []))
+                  *({"fp32": [], "fp16": ["--fp16"], "amp": ["--amp"]}[precision]), *(["--cpu"] if args.cpu else []), log=args.logs / name)
     records = [json.loads(m) for m in re.findall(r"train_inner \| (\{.*\})", log)]
     if not records:
         raise SystemExit(f"bench.gpu: fairseq-train logged no training interval for {model} {arch}:\n{log[-2000:]}")
@@ -125,7 +132,8 @@ def run_generation(args, data_bin, results):
         if args.cpu:  # a model of a few updates: the commands' check, not a translation worth timing
             fairseq("train", data_bin, "--arch", "fconv_iwslt_de_en", "--criterion", "label_smoothed_cross_entropy",
                     *fairseq_options(SETTINGS), "--max-tokens", 1000, "--max-update", 2, "--cpu", "--save-dir", tmp,
-                    "--no-epoch-checkpoints", "--disable-validation", "--no-progress-bar")
+                    "--no-epoch-checkpoints", "--disable-validation", "--no-progress-bar",
+                    log=args.logs / "train-fconv-smoke-test.log")
             fconv = Path(tmp) / "checkpoint_last.pt"
         else:
             fconv = reference_checkpoint(data_bin)
@@ -136,9 +144,11 @@ def run_generation(args, data_bin, results):
         for precision in args.precisions.split(","):
             common = [data_bin, "--gen-subset", "test", "--beam", 5, "--required-batch-size-multiple", 1, *limit,
                       *(["--fp16"] if precision == "fp16" else []), *(["--cpu"] if args.cpu else [])]
-            stock, stock_speed = translations(fairseq("generate", *common, "--path", fconv, "--user-dir", PLUGIN))
+            stock, stock_speed = translations(fairseq("generate", *common, "--path", fconv, "--user-dir", PLUGIN,
+                                                                  log=args.logs / f"generate-fconv-{precision}.log"))
             lean, speed = translations(fairseq("generate", *common, "--path", ours, "--user-dir", PLUGIN,
-                                               "--task", "convs2s_translation"))
+                                               "--task", "convs2s_translation",
+                                               log=args.logs / f"generate-ours-{precision}.log"))
             results.setdefault("generate", {})[f"beam 5, {precision}"] = {
                 "fconv": stock_speed, "ours": speed, "identical": sum(lean.get(i) == h for i, h in stock.items()),
                 "sentences": len(stock)}
@@ -148,7 +158,7 @@ def run_generation(args, data_bin, results):
 def save(args, results):
     """Write what is measured so far to ``--json``: a run stopped by its time limit keeps it."""
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
 
 
 def print_table(args, results):
@@ -179,14 +189,21 @@ def main(argv=None):
     data_bin = prepare("demo")
     results = {"device": "CPU (smoke test, not a measurement)" if args.cpu else torch.cuda.get_device_name(),
                "torch": torch.__version__}
-    try:
-        if "train" not in skip:
-            run_training(args, data_bin, results)
-        if "generate" not in skip:
-            run_generation(args, data_bin, results)
-    finally:
-        print_table(args, results)
-        save(args, results)
+    with tempfile.TemporaryDirectory() as tmp:
+        args.logs = args.logs or Path(tmp)
+        args.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            run(args, skip, data_bin, results)
+        finally:
+            print_table(args, results)
+            save(args, results)
+
+
+def run(args, skip, data_bin, results):
+    if "train" not in skip:
+        run_training(args, data_bin, results)
+    if "generate" not in skip:
+        run_generation(args, data_bin, results)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ check)
     python3 -m pytest -q -p no:cacheprovider -m cuda --timeout "${TEST_TIMEOUT:-240}" -rfE tests/test_cuda.py 2>&1 \
         | tee "$out/cuda-tests.log" || true
     # shellcheck disable=SC2086
-    python3 -m bench.gpu ${GPU_ARGS:-} --json "$out/gpu.json" 2>&1 | grep -v " | INFO | " | tee "$out/gpu.log"
+    python3 -m bench.gpu ${GPU_ARGS:-} --json "$out/gpu.json" --logs "$out/logs" 2>&1 | grep -v " | INFO | " | tee "$out/gpu.log"
     ;;
 *)
     sed -n 2,7p "$0" >&2

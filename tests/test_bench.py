@@ -118,6 +118,17 @@ def test_gpu_table_keeps_and_prints_what_a_time_limit_cut_short(tmp_path, capsys
     assert "NVIDIA H200" in table and "ours fp16 / ours fp32" not in table
 
 
+def test_gpu_bench_keeps_each_fairseq_run_output_in_its_log(tmp_path):
+    """A fairseq run's whole output is in its log file (a run stopped by a time limit keeps
+    what it printed); a failure names the file."""
+    from bench import gpu
+
+    log = tmp_path / "generate-fconv-fp32.log"
+    with pytest.raises(SystemExit, match=f"its whole output: {log}"):
+        gpu.fairseq("generate", tmp_path / "no-such-data", "--path", tmp_path / "no.pt", "--cpu", log=log)
+    assert "no.pt" in log.read_text() and "Traceback" in log.read_text()
+
+
 def test_source_commit_names_the_checkout_and_says_when_its_files_changed(tmp_path):
     """What a benchmark's JSON and table give as the commit its figures are from."""
     assert source_commit(tmp_path) is None  # not a git checkout
