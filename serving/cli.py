@@ -8,7 +8,8 @@ Raw text is normalized and tokenized as ``convs2s-prepare`` prepared the model's
 segmented with its BPE codes, translated (:mod:`.translator`) and detokenized, a line each in
 the input's order. With ``-o`` the file appears whole once everything is translated. At the
 end it prints on stderr the sentences, the time they took and the sentences per second
-(loading not counted). ``--workers N`` translates in N processes side by side.
+(loading the model and the tokenizer not counted). ``--workers N`` translates in N processes
+side by side, which tokenize and detokenize too.
 """
 import argparse
 import contextlib
@@ -76,8 +77,10 @@ def _serve(args, model):
     """Translate the input with ``model`` (loaded) and write it, as :func:`main` is asked."""
     import torch
 
-    from .translator import translate
+    from .translator import load_text_processing, translate
 
+    if not args.tokens and model.pool is None:  # loading, not translating: not in the time printed
+        load_text_processing(model)
     try:
         with _opened(args.input) as f:
             lines = [line.rstrip("\r\n") for line in f]

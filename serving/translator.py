@@ -94,7 +94,7 @@ class ExportedModel:
         search_step.load()
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
-        self.pool = None
+        self.workers, self.pool = workers, None
         if workers > 1:  # this process's model checked, compiled and loaded first: a bad folder fails here
             self.pool = started_pool(workers, _load_worker, (threads, self.directory, compile, vocabulary_selection))
 
@@ -247,6 +247,7 @@ def _load_worker(threads, directory, compile, vocabulary_selection, loaded):
     global _WORKER_MODEL
     torch.set_num_threads(threads)
     _WORKER_MODEL = ExportedModel(directory, compile=compile, vocabulary_selection=vocabulary_selection)
+    load_text_processing(_WORKER_MODEL)
     loaded.wait()  # until every worker has its model (one that fails breaks the pool: the rest are ended)
 
 
@@ -266,18 +267,56 @@ def _hypotheses(sent):
 def translate(model: ExportedModel, lines: List[str], batch_size: int = 128, **options) -> List[str]:
     """Raw sentences in, raw translations out: normalized and tokenized as ``convs2s-prepare``
     prepared the model's data, segmented with its BPE codes, translated, joined and
-    detokenized."""
-    from convs2s_preprocess.stages.bpe import apply_bpe
-    from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokenize
-
+    detokenized. With workers, they tokenize and detokenize too, a share of the lines each."""
     source, target = model.config.get("source_lang"), model.config.get("target_lang")
     if source is None or target is None:
         raise ValueError(f"{model.directory}: the export records no languages: translate tokens instead "
                          "(translate_tokens), or export with --data of a convs2s-prepare folder")
+    if model.pool is None:
+        return _detokenized(model, model.translate_tokens(_tokenized(model, lines), batch_size, **options))
+    tokens = _shared_out(model, _tokenize_in_worker, lines)
+    return _shared_out(model, _detokenize_in_worker, model.translate_tokens(tokens, batch_size, **options))
+
+
+def _shared_out(model: ExportedModel, work, items: list) -> list:
+    """``work`` of ``items`` in the model's workers, a few pieces each, in order."""
+    share = max(1, -(-len(items) // (4 * model.workers)))
+    return list(itertools.chain.from_iterable(model.pool.map(
+        work, [items[i:i + share] for i in range(0, len(items), share)])))
+
+
+def load_text_processing(model: ExportedModel) -> None:
+    """Load what :func:`translate` needs for raw text where the export has it (Moses'
+    tokenizer and detokenizer, the BPE codes): half a second of imports and codes that the
+    first sentences would otherwise wait for. The workers load it as they load the model."""
+    if model.config.get("source_lang") and model.config.get("target_lang"):
+        _detokenized(model, _tokenized(model, ["."]))
+
+
+def _tokenized(model: ExportedModel, lines: List[str]) -> List[List[str]]:
+    """Each line's tokens, BPE'd as the model's data."""
+    from convs2s_preprocess.stages.bpe import apply_bpe
+    from convs2s_preprocess.stages.tokenize import normalize_and_tokenize
+
+    source = model.config["source_lang"]
     romanian = model.config.get("romanian", False) and source == "ro"
     tokenized = [normalize_and_tokenize(line, source, romanian) for line in lines]
     if model.bpe_codes:
         tokenized = [apply_bpe(line, model.bpe_codes) for line in tokenized]
-    words = model.translate_tokens([line.split() for line in tokenized], batch_size, **options)
-    joined = [(" ".join(w) + " ").replace(BPE_SEPARATOR + " ", "").rstrip() for w in words]
-    return [detokenize(line, target) for line in joined]
+    return [line.split() for line in tokenized]
+
+
+def _detokenized(model: ExportedModel, translations: List[List[str]]) -> List[str]:
+    """Each translation's BPE pieces joined and detokenized."""
+    from convs2s_preprocess.stages.tokenize import detokenize
+
+    joined = [(" ".join(words) + " ").replace(BPE_SEPARATOR + " ", "").rstrip() for words in translations]
+    return [detokenize(line, model.config["target_lang"]) for line in joined]
+
+
+def _tokenize_in_worker(lines):
+    return _tokenized(_WORKER_MODEL, lines)
+
+
+def _detokenize_in_worker(translations):
+    return _detokenized(_WORKER_MODEL, translations)

@@ -197,14 +197,18 @@ def test_workers_translate_as_one_process_and_end(exported, tmp_path):
     assert f"convs2s-serve: {len(lines)} sentences in" in log and "2 workers of" in log
     # in a process of its own: the pool's barrier starts multiprocessing's resource tracker, which
     # lives as long as its process (test_runtime.py counts this process's children)
+    # and raw text is tokenized and detokenized by the workers: this process never loads the tokenizer
     output = in_python(
-        "from convs2s_serving import ExportedModel\n"
+        "import sys\n"
+        "from convs2s_serving import ExportedModel, translate\n"
         f"tokens = [line.split() for line in open({str(prepared / 'bpe' / 'test.en')!r}, encoding='utf-8')]\n"
         f"with ExportedModel({str(folder)!r}, workers=2) as model:\n"
         "    processes = list(model.pool._processes.values())\n"
         f"    same = model.translate_tokens(tokens, batch_size=4) == ExportedModel({str(folder)!r}).translate_tokens(tokens)\n"
-        "print(same, len(processes), any(process.is_alive() for process in processes))")
-    assert output.splitlines()[-1] == "True 2 False"
+        f"    raw = translate(model, open({str(source)!r}, encoding='utf-8').read().splitlines(), batch_size=3)\n"
+        f"same_text = raw == open({str(one)!r}, encoding='utf-8').read().splitlines()\n"
+        "print(same, same_text, 'sacremoses' in sys.modules, len(processes), any(p.is_alive() for p in processes))")
+    assert output.splitlines()[-1] == "True True False 2 False"
     refused = run("convs2s-serve", folder, "-i", source, "--workers", 0, check=False)
     assert refused.returncode != 0
     assert refused.stdout.strip().splitlines() == ["convs2s-serve: error: --workers must be at least 1, not 0"]
