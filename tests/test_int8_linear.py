@@ -89,13 +89,31 @@ def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, th
 
 
 @needs_kernel
-def test_a_few_rows_are_summed_with_vnni_exactly_where_torch_builds_for_avx512_on_a_cpu_with_vnni():
+def test_a_few_rows_are_summed_with_vnni_exactly_where_the_build_and_the_cpu_have_it():
     """VNNI's dot products are used where the kernel is built for torch's AVX512 capability and
-    the CPU lists avx512_vnni (a capability held to AVX2 by ATEN_CPU_CAPABILITY keeps AVX2's)."""
+    the CPU lists avx512_vnni, or built for AVX2 and the CPU lists avx_vnni; and the AVX2
+    build's (held to AVX2 by ATEN_CPU_CAPABILITY: AVX-VNNI's encoding) are exact too."""
     with open("/proc/cpuinfo") as cpuinfo:
         flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
-    expected = CAPABILITY == "AVX512" and "avx512_vnni" in flags
+    expected = {"AVX512": "avx512_vnni", "AVX2": "avx_vnni"}.get(CAPABILITY) in flags
     assert int8_linear.KERNEL.load().vnni_available() == expected
+    if CAPABILITY != "AVX512":
+        return
+    code = ("import sys, torch\n"
+            "sys.path.insert(0, 'tests')\n"
+            "from convs2s_serving import int8_linear\n"
+            "from test_int8_linear import operands\n"
+            "kernel = int8_linear.KERNEL.load()\n"
+            "same = []\n"
+            "for rows, width, out in [(5, 37, 21), (6, 256, 512), (7, 768, 512), (13, 40, 9), (3, 70, 5)]:\n"
+            "    x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width)\n"
+            "    weight_t[:, 0], weight_t[:, -1] = 127, -127\n"
+            "    got = kernel.int8_few_rows(x, weight_t.t(), scale, bias, torch.empty(rows, out))\n"
+            "    same.append(torch.equal(got, int8_linear.int8_linear_torch(x, weight_t, scale, bias,\n"
+            "                                                               int8_linear.exact_int_mm)))\n"
+            "print(torch.backends.cpu.get_cpu_capability(), kernel.vnni_available(), all(same))")
+    output = in_python(code, ATEN_CPU_CAPABILITY="avx2")
+    assert output.splitlines()[-1] == f"AVX2 {'avx_vnni' in flags} True"
 
 
 @needs_kernel
