@@ -98,7 +98,8 @@ def train(args, data_bin, model, arch, max_tokens, precision):
     log = fairseq("train", data_bin, *model_options, *fairseq_options(SETTINGS), "--max-tokens", max_tokens,
                   "--max-update", args.updates, "--seed", 1, "--no-save", "--disable-validation",
                   "--log-format", "json", "--log-interval", args.log_interval, "--no-progress-bar",
-                  *({"fp32": [], "fp16": ["--fp16"], "amp": ["--amp"]}[precision]), *(["--cpu"] if args.cpu else []), log=args.logs / name)
+                  *({"fp32": [], "fp16": ["--fp16"], "amp": ["--amp"]}[precision]), *(["--cpu"] if args.cpu else []),
+                  log=args.logs / name)
     records = [json.loads(m) for m in re.findall(r"train_inner \| (\{.*\})", log)]
     if not records:
         raise SystemExit(f"bench.gpu: fairseq-train logged no training interval for {model} {arch}:\n{log[-2000:]}")
@@ -145,7 +146,7 @@ def run_generation(args, data_bin, results):
             common = [data_bin, "--gen-subset", "test", "--beam", 5, "--required-batch-size-multiple", 1, *limit,
                       *(["--fp16"] if precision == "fp16" else []), *(["--cpu"] if args.cpu else [])]
             stock, stock_speed = translations(fairseq("generate", *common, "--path", fconv, "--user-dir", PLUGIN,
-                                                                  log=args.logs / f"generate-fconv-{precision}.log"))
+                                                      log=args.logs / f"generate-fconv-{precision}.log"))
             lean, speed = translations(fairseq("generate", *common, "--path", ours, "--user-dir", PLUGIN,
                                                "--task", "convs2s_translation",
                                                log=args.logs / f"generate-ours-{precision}.log"))
@@ -200,6 +201,7 @@ def main(argv=None):
 
 
 def run(args, skip, data_bin, results):
+    """The measurements not skipped, each saved into ``results`` as it ends."""
     if "train" not in skip:
         run_training(args, data_bin, results)
     if "generate" not in skip:
