@@ -106,9 +106,8 @@ def _serve(args, model):
         with atomic_file(args.output) as temp, open(temp, "w", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in out)
     rate = f": {len(lines) / seconds:.1f} sentences/s" if seconds else ""
-    each = max(1, torch.get_num_threads() // args.workers)
     threads = f"{torch.get_num_threads()} threads" if args.workers == 1 else \
-        f"{args.workers} workers of {each} thread{'s' * (each > 1)}"
+        f"{args.workers} workers of {model.threads} thread{'s' * (model.threads > 1)}"
     print(f"convs2s-serve: {len(lines):,} sentences in {seconds:.1f} s{rate} (beam {args.beam}, batches of "
           f"{args.batch_size}, {threads}; loading not counted)", file=sys.stderr)
     return 0

@@ -94,7 +94,7 @@ class ExportedModel:
         search_step.load()
         if config.get("quantize") == "int8":
             int8_linear.KERNEL.load()  # the int8 layers' kernel, likewise
-        self.workers, self.pool = workers, None
+        self.workers, self.threads, self.pool = workers, threads, None
         if workers > 1:  # this process's model checked, compiled and loaded first: a bad folder fails here
             self.pool = started_pool(workers, _load_worker, (threads, self.directory, compile, vocabulary_selection))
 
