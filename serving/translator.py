@@ -243,12 +243,11 @@ def _threads(threads: int):
 _WORKER_MODEL = None  # in a worker process: its model
 
 
-def _load_worker(threads, directory, compile, vocabulary_selection, loaded):
+def _load_worker(threads, directory, compile, vocabulary_selection):
     global _WORKER_MODEL
     torch.set_num_threads(threads)
     _WORKER_MODEL = ExportedModel(directory, compile=compile, vocabulary_selection=vocabulary_selection)
     load_text_processing(_WORKER_MODEL)
-    loaded.wait()  # until every worker has its model (one that fails breaks the pool: the rest are ended)
 
 
 def _search_in_worker(sentences, options):

@@ -31,11 +31,10 @@ from .hub_interface import check_sentences, from_pretrained
 _HUB = None  # in a worker: its hub
 
 
-def _load(threads, args, kwargs, loaded):
+def _load(threads, args, kwargs):
     global _HUB
     torch.set_num_threads(threads)
     _HUB = from_pretrained(*args, **kwargs)
-    loaded.wait()  # until every worker has its model (one that fails breaks the pool: the rest are ended)
 
 
 def _segment(sentences, preprocess, hub=None):
