@@ -17,8 +17,12 @@ import logging
 import os
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 from convs2s_preprocess.runtime.atomic import atomic_file
+
+WORKER_DIED = ("convs2s-serve: error: a worker process died (out of memory? each holds a copy of the model): "
+               "try fewer --workers")
 
 
 def parser():
@@ -69,6 +73,8 @@ def main(argv=None):
                               workers=args.workers)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-serve: error: {e}")
+    except BrokenProcessPool:
+        sys.exit(WORKER_DIED)
     with model:
         return _serve(args, model)
 
@@ -98,6 +104,8 @@ def _serve(args, model):
             out = translate(model, lines, args.batch_size, **options)
     except ValueError as e:
         sys.exit(f"convs2s-serve: error: {args.input}: {e}; nothing was written")
+    except BrokenProcessPool:
+        sys.exit(f"{WORKER_DIED}; nothing was written")
     seconds = time.perf_counter() - start
     if args.output == "-":
         sys.stdout.reconfigure(encoding="utf-8")

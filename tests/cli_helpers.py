@@ -1,8 +1,11 @@
 """Run fairseq's real command-line tools, and Python code, from the test virtual environment."""
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from convs2s_recipes.settings import fairseq_options, training_config
@@ -44,3 +47,35 @@ def hypotheses(log):
 
 def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def run_killing_a_worker(tool, *args):
+    """Run ``tool`` (a command started with ``--workers``) and SIGKILL its first multiprocessing
+    worker as soon as it appears, as the kernel's out-of-memory killer would; return its exit
+    status and stderr."""
+    command = subprocess.Popen([str(BIN / tool), *map(str, args)], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while not (workers := _spawned_workers(command.pid)) and command.poll() is None:
+            assert time.monotonic() < deadline, "no worker started"
+            time.sleep(0.2)
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = command.communicate(timeout=COMMAND_TIMEOUT)
+    finally:
+        command.kill()
+    return command.returncode, stderr
+
+
+def _spawned_workers(pid):
+    """The process ids of ``pid``'s multiprocessing workers (not its resource tracker)."""
+    found = []
+    for child in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (child / "stat").read_text()
+            cmdline = (child / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"spawn_main" in cmdline:
+            found.append(int(child.name))
+    return found

@@ -11,7 +11,7 @@ import pytest
 import torch
 from convs2s_serving import int8_linear
 
-from cli_helpers import in_python, run, write_lines
+from cli_helpers import in_python, run, run_killing_a_worker, write_lines
 from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from tiny_runs import prepare, prepared_for_generation, train
 
@@ -680,3 +680,16 @@ def test_compile_refuses_a_cache_others_could_write_and_a_hostile_program(export
              "no compiler": f"{folder / 'encoder.pt2'}: torch's AOTInductor could not compile the program"}
     assert named[problem] in lines[0]
     assert not os.listdir(cache) and not marker.exists() and not done.stdout
+
+
+def test_a_serve_worker_that_dies_is_one_line_and_writes_nothing(exported, tmp_path):
+    """``convs2s-serve --workers 2`` whose worker is killed (as the kernel's out-of-memory killer
+    would) ends with one line that says what happened, not a traceback, and writes nothing."""
+    prepared, _, folder = exported
+    source, out = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text((prepared.parent / "raw" / "test.en").read_text(encoding="utf-8") * 200, encoding="utf-8")
+    returncode, stderr = run_killing_a_worker("convs2s-serve", folder, "-i", source, "-o", out, "--workers", 2)
+    assert returncode == 1, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("convs2s-serve: error: a worker process died"), stderr
+    assert sorted(tmp_path.iterdir()) == [source]

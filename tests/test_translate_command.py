@@ -2,14 +2,11 @@
 (Multi30k en-de): raw text in, detokenized translations out, in the input's order."""
 import os
 import re
-import signal
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
-from cli_helpers import hypotheses, run, write_lines
+from cli_helpers import hypotheses, run, run_killing_a_worker, write_lines
 from conftest import BIN, COMMAND_TIMEOUT, ROOT
 from convs2s_preprocess.stages.postprocess import postprocess
 from tiny_runs import prepare, train
@@ -135,34 +132,10 @@ def test_a_worker_that_dies_is_one_line_and_writes_nothing(model, tmp_path):
     prepared, checkpoint = model
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text((prepared.parent / "raw" / "test.en").read_text(encoding="utf-8") * 500, encoding="utf-8")
-    command = subprocess.Popen([str(BIN / "convs2s-translate"), "--path", str(checkpoint), "--data", str(prepared),
-                                "-i", str(source), "-o", str(out), "--workers", "2", "--batch-size", "8"],
-                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + COMMAND_TIMEOUT
-        while not (workers := _spawned_workers(command.pid)) and command.poll() is None:
-            assert time.monotonic() < deadline, "no worker started"
-            time.sleep(0.2)
-        os.kill(workers[0], signal.SIGKILL)
-        _, stderr = command.communicate(timeout=COMMAND_TIMEOUT)
-    finally:
-        command.kill()
-    assert command.returncode == 1, stderr
+    returncode, stderr = run_killing_a_worker("convs2s-translate", "--path", checkpoint, "--data", prepared,
+                                              "-i", source, "-o", out, "--workers", 2, "--batch-size", 8)
+    assert returncode == 1, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("convs2s-translate: error: a worker process died"), stderr
     assert not out.exists() and sorted(tmp_path.iterdir()) == [source]
 
-
-def _spawned_workers(pid):
-    """The process ids of ``pid``'s multiprocessing workers (not its resource tracker)."""
-    found = []
-    for child in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (child / "stat").read_text()
-            cmdline = (child / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and b"spawn_main" in cmdline:
-            found.append(int(child.name))
-    return found
