@@ -53,14 +53,20 @@ def shared_columns(candidates: torch.Tensor):
     return word[:width].clamp(min=0), width
 
 
-def rest_log_counts(labels: torch.Tensor, count: int, candidates: torch.Tensor, dtype) -> torch.Tensor:
-    """For each sentence of ``candidates`` (B x C) and each of the ``count`` clusters of W_o's
-    rows (``labels``: a cluster id per word, -1 for the words every sentence has), the log of
-    how many of the cluster's words the sentence's candidates leave out (-inf where none):
-    B x count, in ``dtype``."""
+def cluster_sizes(labels: torch.Tensor, count: int) -> torch.Tensor:
+    """How many words each of the ``count`` clusters of W_o's rows holds (``labels``: a cluster
+    id per word, -1 for the words every sentence has): once a model, not once a batch (a pass
+    over the vocabulary, most of :func:`rest_log_counts`' time for one sentence)."""
+    return torch.bincount(labels[labels >= 0], minlength=count)
+
+
+def rest_log_counts(labels: torch.Tensor, sizes: torch.Tensor, candidates: torch.Tensor, dtype) -> torch.Tensor:
+    """For each sentence of ``candidates`` (B x C) and each cluster of W_o's rows (``labels``: a
+    cluster id per word, -1 for the words every sentence has; ``sizes``: their
+    :func:`cluster_sizes`), the log of how many of the cluster's words the sentence's
+    candidates leave out (-inf where none): B x clusters, in ``dtype``."""
     labels = labels.to(candidates.device)
-    size = torch.bincount(labels[labels >= 0], minlength=count).to(dtype)
     cluster = labels[candidates.clamp(min=0)]
-    taken = torch.zeros(len(candidates), count, dtype=dtype, device=candidates.device)
+    taken = torch.zeros(len(candidates), len(sizes), dtype=dtype, device=candidates.device)
     taken.scatter_add_(1, cluster.clamp(min=0), ((candidates >= 0) & (cluster >= 0)).to(dtype))
-    return (size - taken).log()
+    return (sizes.to(device=candidates.device, dtype=dtype) - taken).log()

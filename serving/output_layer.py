@@ -29,14 +29,14 @@ class EveryWord:
     column_ids = None  # the local columns are the target ids
 
     def __init__(self, layer: dict, hypotheses: int):
-        self.layer = layer
+        self.product = _Product(layer)
         self.memory = torch.empty(hypotheses, len(layer["bias"]))  # every step's, in the same memory
         self.fewest_words = len(layer["bias"])  # of any sentence, the specials counted
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """W_o times ``features`` (rows x embedding) plus its bias: the plugin's ``addmm`` in
         float32 (``OutputProjection``), its int8 kernel for an int8 export."""
-        return _product(features, self.layer, self.memory[: len(features)])
+        return self.product(features, self.memory[: len(features)])
 
     def keep(self, sentences: torch.Tensor) -> None:
         pass
@@ -66,16 +66,18 @@ class SentenceCandidates:
         if "rest_rows" in selection:  # the clusters' rows after the words', in the same product
             clusters = selection["rest_rows"]
             self.not_words = len(clusters["bias"])
-            self.rest = rest_log_counts(selection["rest_labels"], self.not_words, self.candidates, torch.float32)
+            self.rest = rest_log_counts(selection["rest_labels"], selection["rest_sizes"], self.candidates,
+                                        torch.float32)
             shared = {name: torch.cat([t, clusters[name]]) for name, t in shared.items()}
         self.shared = {name: t.contiguous() for name, t in shared.items()}
+        self.product = _Product(self.shared)
         self.memory = {}
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """The logits of ``features`` (rows x embedding, a sentence's hypotheses consecutive)
         over the candidates of each row's sentence."""
         sentences, channels = len(self.candidates), features.size(1)
-        logits = _product(features, self.shared, self._memory("shared", len(features), len(self.shared["bias"])))
+        logits = self.product(features, self._memory("shared", len(features), len(self.shared["bias"])))
         by_sentence = logits.view(sentences, -1, logits.size(-1))
         words = self.shared_words
         if self.absent is not None:  # -inf added: faster than a broadcast masked_fill_
@@ -124,10 +126,20 @@ def _rows(layer: dict, ids: torch.Tensor) -> dict:
     return {name: t.index_select(0, ids) for name, t in layer.items()}
 
 
-def _product(features: torch.Tensor, layer: dict, out: torch.Tensor) -> torch.Tensor:
+class _Product:
     """``features`` times a layer's rows (float32 ``weight``, or int8 ``weight_int8`` and
-    ``weight_scale``) plus ``bias``, into ``out``."""
-    if "weight_int8" in layer:
-        return int8_linear.int8_linear(features, layer["weight_int8"].t(), layer["weight_scale"], layer["bias"],
-                                       out=out)
-    return torch.addmm(layer["bias"], features, layer["weight"].t(), out=out)
+    ``weight_scale``) plus ``bias``, into ``out``; in int8 the product chosen once for each
+    number of rows (:func:`.int8_linear.bound_product`)."""
+
+    def __init__(self, layer: dict):
+        self.layer, self.by_rows = layer, {}
+
+    def __call__(self, features: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        if "weight_int8" not in layer:
+            return torch.addmm(layer["bias"], features, layer["weight"].t(), out=out)
+        product = self.by_rows.get(len(features))
+        if product is None:
+            product = self.by_rows[len(features)] = int8_linear.bound_product(
+                len(features), layer["weight_int8"].t(), layer["weight_scale"], layer["bias"])
+        return product(features, out)

@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import int8_linear, search_step, top_log_probs
+from .candidates import cluster_sizes
 from .compiled import CompiledProgram
 from .output_layer import EveryWord, SentenceCandidates
 from .safe_loading import load_exported, load_tensors
@@ -148,7 +149,8 @@ class ExportedModel:
 
     def _selection(self):
         """``selection.pt``'s tables (:func:`fairseq_convs2s_ext.generation.export.selection_tables`),
-        checked against the vocabularies and W_o; the clusters' rows under ``rest_rows``."""
+        checked against the vocabularies and W_o; the clusters' rows under ``rest_rows``, their
+        sizes under ``rest_sizes``."""
         path = os.path.join(self.directory, SELECTION)
         recorded = self.config["vocabulary_selection"]
         clusters = recorded.get("rest_clusters") if isinstance(recorded, dict) else None
@@ -179,6 +181,7 @@ class ExportedModel:
         if clusters:  # the clusters' rows named as W_o's own (output.pt's), for the batches to append
             tables["rest_rows"] = {name[len("rest_"):]: tables.pop(name) for name in list(tables)
                                    if name.startswith("rest_") and name != "rest_labels"}
+            tables["rest_sizes"] = cluster_sizes(tables["rest_labels"], clusters)
         return tables
 
     def source_ids(self, words: Sequence[str]) -> List[int]:
