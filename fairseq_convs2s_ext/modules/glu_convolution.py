@@ -40,7 +40,14 @@ class GLUConvolution(nn.Module):
             return self._step(x, incremental_state)
         k, (batch, length, channels) = self.kernel_width, x.shape
         if k > 1:  # each position's window of k inputs is k x C consecutive numbers of the padded x
-            windows = F.pad(x, (0, 0) + self.padding).flatten(1).unfold(1, k * channels, channels)
+            padded = F.pad(x, (0, 0) + self.padding)
+            if torch.compiler.is_compiling() and x.device.type == "cpu":
+                # compiled for a CPU (convs2s-export, --compile): the same numbers as k shifted slices, which
+                # inductor copies a vector at a time; unfold's windows it copied a number at a time, dividing
+                # each index by the length (docs/performance.md). On a GPU unmeasured: unfold kept there.
+                windows = torch.cat([padded[:, j: j + length] for j in range(k)], dim=2)
+            else:
+                windows = padded.flatten(1).unfold(1, k * channels, channels)
             x = windows.reshape(batch * length, k * channels)  # copied once, then one product
         return F.glu(self.linear(x), dim=-1).view(batch, length, -1)
 
