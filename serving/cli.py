@@ -21,8 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from convs2s_preprocess.runtime.atomic import atomic_file
 
-WORKER_DIED = ("convs2s-serve: error: a worker process died (out of memory? each holds a copy of the model): "
-               "try fewer --workers")
+from .workers import WORKER_DIED
 
 
 def parser():
@@ -74,7 +73,7 @@ def main(argv=None):
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-serve: error: {e}")
     except BrokenProcessPool:
-        sys.exit(WORKER_DIED)
+        sys.exit(f"convs2s-serve: error: {WORKER_DIED}")
     with model:
         return _serve(args, model)
 
@@ -105,7 +104,7 @@ def _serve(args, model):
     except ValueError as e:
         sys.exit(f"convs2s-serve: error: {args.input}: {e}; nothing was written")
     except BrokenProcessPool:
-        sys.exit(f"{WORKER_DIED}; nothing was written")
+        sys.exit(f"convs2s-serve: error: {WORKER_DIED}; nothing was written")
     seconds = time.perf_counter() - start
     if args.output == "-":
         sys.stdout.reconfigure(encoding="utf-8")

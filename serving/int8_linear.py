@@ -222,11 +222,7 @@ def bound_product(rows: int, weight_t: torch.Tensor, scale: torch.Tensor, bias: 
     if product == "few_rows":  # chosen only with the kernel and weights stored out x in
         weight = weight_t.t()
         return lambda x, out: kernel.int8_few_rows(x.contiguous(), weight, scale, bias, out)
-    return functools.partial(_pinned, weight_t=weight_t, scale=scale, bias=bias, product=product)
-
-
-def _pinned(x, out, weight_t, scale, bias, product):
-    return int8_linear(x, weight_t, scale, bias, out=out, product=product)
+    return lambda x, out: int8_linear(x, weight_t, scale, bias, out=out, product=product)
 
 
 def _kernel_for(x: torch.Tensor):

@@ -6,6 +6,8 @@ from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 WATCH = 0.2  # seconds between looks at the workers while they load
+# what the commands say when a worker dies (the out-of-memory killer's usual victim), after "<command>: error: "
+WORKER_DIED = "a worker process died (out of memory? each holds a copy of the model): try fewer --workers"
 
 
 def started_pool(workers: int, initializer, initargs: tuple) -> ProcessPoolExecutor:

@@ -37,6 +37,7 @@ import torch
 
 from convs2s_preprocess.runtime.atomic import atomic_file
 from convs2s_preprocess.stages.tokenize import detokenize, normalize_and_tokenize
+from convs2s_serving.workers import WORKER_DIED
 
 from ..excepthook import install_excepthook
 from ..generation.quantization import QUANTIZE_MODES
@@ -44,9 +45,6 @@ from ..generation.unknown_words import AlignDictError, read_align_dict
 from ..models.hub_interface import SentenceTooLong
 from ..models.hub_workers import HubWorkers
 from ..threads import apply_to_command as choose_command_threads
-
-WORKER_DIED = ("convs2s-translate: error: a worker process died (out of memory? each holds a copy of the model): "
-               "try fewer --workers")
 
 
 def parser():
@@ -103,7 +101,7 @@ def main(argv=None):
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"convs2s-translate: error: {e}")
     except BrokenProcessPool:
-        sys.exit(WORKER_DIED)
+        sys.exit(f"convs2s-translate: error: {WORKER_DIED}")
     if args.workers == 1 and torch.cuda.is_available() and not args.cpu:
         translator.hub.cuda()
     source, target = translator.hub.task.cfg.source_lang, translator.hub.task.cfg.target_lang
@@ -131,7 +129,7 @@ def main(argv=None):
     except ValueError as e:  # the hub's: its message names what is wrong (a --replace-unk dictionary's line)
         sys.exit(f"convs2s-translate: error: {e}; {written(args, sentences)}")
     except BrokenProcessPool:
-        sys.exit(f"{WORKER_DIED}; {written(args, sentences)}")
+        sys.exit(f"convs2s-translate: error: {WORKER_DIED}; {written(args, sentences)}")
     finally:
         translator.close()
     rate = f": {sentences / seconds:.1f} sentences/s" if seconds else ""

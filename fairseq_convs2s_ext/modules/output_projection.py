@@ -64,11 +64,14 @@ class SentenceRows:
 
 
 class RestClusters(NamedTuple):
-    """A cluster id for each word of the vocabulary (-1: a word every sentence has), how many
-    clusters there are, and how many words each holds."""
+    """A cluster id for each word of the vocabulary (-1: a word every sentence has), and how
+    many words each cluster holds."""
     labels: torch.Tensor
-    count: int
     sizes: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
 
 
 @with_incremental_state
@@ -251,7 +254,7 @@ class OutputProjection(nn.Linear):
             rows = torch.cat([self.weight[rest], self.bias[rest, None]], dim=1).detach().float().cpu().numpy()
             labels[rest] = torch.from_numpy(KMeans(clusters, n_init=1, random_state=seed).fit(rows).labels_).long()
         count = int(labels.max()) + 1
-        self.rest_clusters = RestClusters(labels, count, cluster_sizes(labels, count)) if count > 0 else None
+        self.rest_clusters = RestClusters(labels, cluster_sizes(labels, count)) if count > 0 else None
 
     def rest_columns(self, candidates) -> int:
         """How many columns after the words' the logits over ``candidates`` have (see
@@ -265,16 +268,16 @@ class OutputProjection(nn.Linear):
         ``candidates`` (see :meth:`estimate_rest`): :meth:`rest_mean_rows`, and for each
         sentence the log of how many of the cluster's words it lacks (-inf where none)."""
         weight, bias = self.rest_mean_rows()
-        clusters, _, sizes = self.rest_clusters
+        clusters, sizes = self.rest_clusters
         return weight, bias, rest_log_counts(clusters, sizes, candidates, self.bias.dtype)
 
     def rest_mean_rows(self):
         """Each cluster's mean row of W_o and mean of b_o (see :meth:`estimate_rest`)."""
         # per batch, from W_o as it is: a generator built in training (--eval-bleu) sees it change
-        clusters, count, _ = self.rest_clusters
-        clusters = clusters.to(self.bias.device)
+        clusters, sizes = self.rest_clusters
+        count, clusters = len(sizes), clusters.to(self.bias.device)
         slot = torch.where(clusters >= 0, clusters, count)  # the words every sentence has: a slot left out
-        size = torch.bincount(slot, minlength=count + 1)[:count].to(self.bias.dtype)
+        size = sizes.to(self.bias.device, self.bias.dtype)
         weight = self.weight.new_zeros(count + 1, self.in_features).index_add_(0, slot, self.weight)
         bias = self.bias.new_zeros(count + 1).index_add_(0, slot, self.bias)
         return weight[:count] / size.clamp(min=1).unsqueeze(1), bias[:count] / size.clamp(min=1)
