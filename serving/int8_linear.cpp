@@ -144,57 +144,89 @@ void channel_sums(const int16_t* p, int64_t n, const int8_t* q0, const int8_t* q
 }
 
 // channel_sums with VNNI: vpdpbusd adds to each 32-bit lane four products of an unsigned byte
-// by a signed one, 32 products an instruction on 256-bit vectors where AVX2's multiply-add of
-// 16-bit pairs makes 16, with no widening. The weights (within +-127) are made unsigned by
-// adding 128, which flips their sign bit; the rows (p, int8) stay signed, so
+// by a signed one, with no widening: 64 products an instruction on AVX-512's vectors, 32 on
+// AVX2's, where AVX2's multiply-add of 16-bit pairs makes 16. The weights (within +-127) are
+// made unsigned by adding 128, which flips their sign bit; the rows (p, int8) stay signed, so
 //   sum_k (q_k + 128) p_k = sum_k q_k p_k + 128 sum_k p_k,
-// and `shift` holds each row's 128 sum_k p_k over the vectors' part of k. Exact: a lane's four
-// products are at most 255 x 127 each, and no sum saturates (vpdpbusd, not vpdpbusds).
-// vpdpbusd has two encodings, each of a CPU feature of its own: AVX-512 VNNI's, for builds
-// for torch's AVX512 capability, and AVX-VNNI's, for AVX2 builds on CPUs with AVX-VNNI but no
-// AVX-512 (Intel's client cores since Alder Lake, its E-core Xeons). The function is written
-// once and made for each.
-#define CONVS2S_CHANNEL_SUMS_VNNI(NAME, TARGET, DPBUSD)                                                        \
-  template <int R>                                                                                            \
-  __attribute__((target(TARGET))) void NAME(const int8_t* p, int64_t n, const int8_t* q0, const int8_t* q1,   \
-                                            const int32_t* shift, int32_t* sums0, int32_t* sums1) {           \
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));                                           \
-    __m256i acc0[R], acc1[R];                                                                                 \
-    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_si256();                                  \
-    int64_t k = 0;                                                                                            \
-    for (; k + 32 <= n; k += 32) {                                                                            \
-      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + k)), flip); \
-      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + k)), flip); \
-      for (int r = 0; r < R; ++r) {                                                                           \
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * n + k));               \
-        acc0[r] = DPBUSD(acc0[r], w0, x);                                                                     \
-        acc1[r] = DPBUSD(acc1[r], w1, x);                                                                     \
-      }                                                                                                       \
-    }                                                                                                         \
-    for (int r = 0; r < R; ++r) {                                                                             \
-      __m256i both = _mm256_hadd_epi32(acc0[r], acc1[r]);                                                     \
-      __m128i half = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));          \
-      half = _mm_hadd_epi32(half, half);                                                                      \
-      int32_t sum0 = _mm_cvtsi128_si32(half) - shift[r], sum1 = _mm_extract_epi32(half, 1) - shift[r];        \
-      for (int64_t j = k; j < n; ++j) {                                                                       \
-        sum0 += static_cast<int32_t>(q0[j]) * p[r * n + j];                                                   \
-        sum1 += static_cast<int32_t>(q1[j]) * p[r * n + j];                                                   \
-      }                                                                                                       \
-      sums0[r] = sum0;                                                                                        \
-      sums1[r] = sum1;                                                                                        \
-    }                                                                                                         \
-  }
-
+// and `shift` holds each row's 128 sum_k p_k over the vectors' part of k (vnni_vector_part).
+// Exact: a lane's four products are at most 255 x 127 each, and no sum saturates (vpdpbusd, not
+// vpdpbusds). vpdpbusd has two encodings, each of a CPU feature of its own: AVX-512 VNNI's, for
+// builds for torch's AVX512 capability, and AVX-VNNI's, for AVX2 builds on CPUs with AVX-VNNI
+// but no AVX-512 (Intel's client cores since Alder Lake, its E-core Xeons).
+//
 // Rows summed together (kVnniGroup): each row's two vectors of sums stay in registers, with the
 // two channels' weights, the row's vector and the flip: 6 rows take 16 of AVX-512's 32 vector
 // registers, and AVX2's 16 hold 4 (with 6, the AVX2 build spilled, and made its sums 0.80-0.85x
 // as fast as AVX2's multiply-add; with 4, 1.25-1.33x, on an AMD EPYC with both encodings).
 #ifdef CPU_CAPABILITY_AVX512
+// AVX-512's build sums on 512-bit vectors: a beam's 5 rows x 768 -> 512 in 11.4 us against 17.0
+// on 256-bit ones, 5 x 256 -> 256 in 4.6 against 5.8 (the whole call, the rows' quantization and
+// the sums' conversion with it; one thread, an AMD EPYC with AVX-512 VNNI).
 constexpr int kVnniGroup = 6;
-CONVS2S_CHANNEL_SUMS_VNNI(channel_sums_vnni, "avx512vnni", _mm256_dpbusd_epi32)
+int64_t vnni_vector_part(int64_t n) { return n - n % 64; }
+
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void channel_sums_vnni(
+    const int8_t* p, int64_t n, const int8_t* q0, const int8_t* q1, const int32_t* shift, int32_t* sums0,
+    int32_t* sums1) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_si512();
+  const int64_t vectors = vnni_vector_part(n);
+  for (int64_t k = 0; k < vectors; k += 64) {
+    const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(q0 + k), flip);
+    const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(q1 + k), flip);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_loadu_si512(p + r * n + k);
+      acc0[r] = _mm512_dpbusd_epi32(acc0[r], w0, x);
+      acc1[r] = _mm512_dpbusd_epi32(acc1[r], w1, x);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    int32_t sum0 = _mm512_reduce_add_epi32(acc0[r]) - shift[r], sum1 = _mm512_reduce_add_epi32(acc1[r]) - shift[r];
+    for (int64_t j = vectors; j < n; ++j) {
+      sum0 += static_cast<int32_t>(q0[j]) * p[r * n + j];
+      sum1 += static_cast<int32_t>(q1[j]) * p[r * n + j];
+    }
+    sums0[r] = sum0;
+    sums1[r] = sum1;
+  }
+}
 #else
 constexpr int kVnniGroup = 4;
-CONVS2S_CHANNEL_SUMS_VNNI(channel_sums_vnni, "avxvnni", _mm256_dpbusd_avx_epi32)
+int64_t vnni_vector_part(int64_t n) { return n - n % 32; }
+
+template <int R>
+__attribute__((target("avxvnni"))) void channel_sums_vnni(const int8_t* p, int64_t n, const int8_t* q0,
+                                                          const int8_t* q1, const int32_t* shift, int32_t* sums0,
+                                                          int32_t* sums1) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_si256();
+  const int64_t vectors = vnni_vector_part(n);
+  for (int64_t k = 0; k < vectors; k += 32) {
+    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + k)), flip);
+    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + k)), flip);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * n + k));
+      acc0[r] = _mm256_dpbusd_avx_epi32(acc0[r], w0, x);
+      acc1[r] = _mm256_dpbusd_avx_epi32(acc1[r], w1, x);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    // the two channels' eight partial sums each, added pairwise, then the halves
+    __m256i both = _mm256_hadd_epi32(acc0[r], acc1[r]);
+    __m128i half = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    half = _mm_hadd_epi32(half, half);
+    int32_t sum0 = _mm_cvtsi128_si32(half) - shift[r], sum1 = _mm_extract_epi32(half, 1) - shift[r];
+    for (int64_t j = vectors; j < n; ++j) {
+      sum0 += static_cast<int32_t>(q0[j]) * p[r * n + j];
+      sum1 += static_cast<int32_t>(q1[j]) * p[r * n + j];
+    }
+    sums0[r] = sum0;
+    sums1[r] = sum1;
+  }
+}
 #endif
 
 // Whether int8_few_rows makes its sums with VNNI: the CPU has the encoding this build uses.
@@ -276,9 +308,11 @@ at::Tensor int8_few_rows(const at::Tensor& x, const at::Tensor& q, const at::Ten
   int32_t* sums = reinterpret_cast<int32_t*>(out.data_ptr<float>());  // converted in place below
   if (vnni && vnni_available()) {
     const int8_t* pp = p.data_ptr<int8_t>();
-    std::vector<int32_t> shift(rows, 0);  // each row's 128 x its sum over the vectors' part
+    std::vector<int32_t> shift(rows);  // each row's 128 x its sum over the vectors' part
     for (int64_t m = 0; m < rows; ++m) {
-      for (int64_t k = 0; k < n - n % 32; ++k) shift[m] += 128 * pp[m * n + k];
+      int32_t sum = 0;  // held here, not in the vector, which int8 stores may alias: vectorized
+      for (int64_t k = 0, end = vnni_vector_part(n); k < end; ++k) sum += pp[m * n + k];
+      shift[m] = 128 * sum;
     }
     every_channel_sums<kVnniGroup>(rows, o, sums, [&](auto group, int64_t m, int64_t j0, int64_t j1,
                                                       int32_t* found0, int32_t* found1) {

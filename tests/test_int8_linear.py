@@ -68,7 +68,8 @@ def test_the_same_numbers_as_the_torch_operations(rows, width, out, threads, sto
     (7, 768, 512),  # a group and one row more, at the convolutions' shape
     (13, 40, 9),  # three groups
     (5, 256, 9792),  # W_o
-    (3, 70, 5),  # two of VNNI's 32-byte vectors and a tail
+    (3, 70, 5),  # a vector of AVX-512 VNNI's 64 bytes, or two of AVX-VNNI's 32, and a tail
+    (4, 150, 7),  # two of AVX-512 VNNI's vectors and a tail
 ])
 def test_a_few_rows_are_the_same_numbers_as_with_exact_sums(rows, width, out, threads, vnni):
     """int8_few_rows: int8_linear's numbers, bit for bit, where torch._int_mm sums exactly
@@ -105,7 +106,7 @@ def test_a_few_rows_are_summed_with_vnni_exactly_where_the_build_and_the_cpu_hav
             "from test_int8_linear import operands\n"
             "kernel = int8_linear.KERNEL.load()\n"
             "same = []\n"
-            "for rows, width, out in [(5, 37, 21), (6, 256, 512), (7, 768, 512), (13, 40, 9), (3, 70, 5)]:\n"
+            "for rows, width, out in [(5, 37, 21), (6, 256, 512), (7, 768, 512), (13, 40, 9), (3, 70, 5), (4, 150, 7)]:\n"
             "    x, weight_t, scale, bias = operands(rows, width, out, seed=rows + width)\n"
             "    weight_t[:, 0], weight_t[:, -1] = 127, -127\n"
             "    got = kernel.int8_few_rows(x, weight_t.t(), scale, bias, torch.empty(rows, out))\n"
