@@ -229,17 +229,24 @@ def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kern
     folder = tmp_path / "int8"
     run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
     assert json.loads((folder / "model.json").read_text())["quantize"] == "int8"
-    with zipfile.ZipFile(folder / "step.pt2") as archive:
-        program = next(n for n in archive.namelist() if n.endswith("models/model.json"))
-        targets = [node["target"] for node in json.loads(archive.read(program))["graph_module"]["graph"]["nodes"]]
-    assert targets.count("torch.ops.convs2s.int8_linear.default") >= 3  # fc1, the convolutions
-    assert "torch.ops.aten.linear.default" not in targets
+    targets = {}
+    for name in ("encoder", "step"):
+        with zipfile.ZipFile(folder / f"{name}.pt2") as archive:
+            program = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+            nodes = json.loads(archive.read(program))["graph_module"]["graph"]["nodes"]
+        targets[name] = [node["target"] for node in nodes]
+        assert "torch.ops.aten.linear.default" not in targets[name], name
+    assert targets["step"].count("torch.ops.convs2s.int8_linear.default") >= 3  # fc1, the convolutions
     output_layer = torch.load(folder / "output.pt", weights_only=True)  # W_o, which the runtime multiplies
     assert sorted(output_layer) == ["bias", "weight_int8", "weight_scale"]
     assert output_layer["weight_int8"].dtype == torch.int8
 
     task, models, batches, generation = prepared_for_generation(prepared / "bin", checkpoint, "--beam", 5,
                                                                 "--quantize", "int8")
+    # the encoder's layers, and each attention's two projections of the source (keys, values)
+    layers = sum(isinstance(m, torch.nn.Linear) for m in models[0].encoder.modules())
+    attending = len(models[0].decoder.attending_layers)
+    assert targets["encoder"].count("torch.ops.convs2s.int8_linear.default") == layers + 2 * attending
     generator = task.build_generator(models, generation)
     model = ExportedModel(folder)
     same = compared = 0

@@ -16,7 +16,7 @@ from convs2s_serving.int8_linear import activation_levels, weight_levels
 from cli_helpers import hypotheses, run
 from fairseq_convs2s_ext import ConvS2SModel
 from fairseq_convs2s_ext.generation.quantization import (
-    Int8Linear, Int8OutputProjection, Int8Weights, QuantizeOptionError, int8_layer, int8_linear, quantize_,
+    Int8Attention, Int8Linear, Int8OutputProjection, Int8Weights, QuantizeOptionError, int8_layer, int8_linear, quantize_,
     quantize_weight,
 )
 from model_helpers import build, random_tokens, with_random_biases
@@ -162,6 +162,30 @@ def test_int8_decoding_stays_close_to_float32_and_keeps_a_tied_output_projection
         if overrides:
             assert model.decoder.output_projection.weight is model.decoder.embed.tokens.weight
             assert isinstance(model.decoder.fc2, Int8Linear)
+
+
+def test_the_attentions_project_the_source_in_int8_close_to_float32():
+    """A beam search projects each sentence's source once per attention (keys W_d^T z_j,
+    values W_c (z_j + e_j)): in int8 too, within 2% of float32's in norm (keys, values and
+    the key bias, -inf at padding as in float32)."""
+    torch.manual_seed(3)
+    model, d = prepared_model()
+    src = random_tokens(d, 6, 9)
+    src[:2, :3] = d.pad()  # left-padded sources: padding positions
+    encoder_out = model.encoder(src, src_lengths=(src != d.pad()).sum(1))
+    with torch.no_grad():
+        expected = [a.project_source(encoder_out) for a in model.decoder.attention if a is not None]
+        quantize_([model], "int8")
+        got = [a.project_source(encoder_out) for a in model.decoder.attention if a is not None]
+    assert all(isinstance(a, Int8Attention) for a in model.decoder.attention if a is not None)
+    for ours, theirs in zip(got, expected):
+        for name in ("keys", "values"):
+            a, b = getattr(ours, name), getattr(theirs, name)
+            assert a.shape == b.shape and a.is_contiguous(), name
+            assert not torch.equal(a, b), name  # multiplied in int8, not float32
+            assert (a - b).norm() / b.norm() < 0.02 * COARSER, name
+        assert torch.equal(ours.key_bias.isinf(), theirs.key_bias.isinf())
+        assert torch.equal(ours.embedding_keys, theirs.embedding_keys)
 
 
 def test_int8_multiplies_the_first_convolution_at_every_step_instead_of_looking_it_up():

@@ -35,11 +35,11 @@ compares them and their scores). Each convolution is a linear map of a window of
 inputs, and GradMultiply, which changes only gradients, leaves an alias.
 
 A model quantized to int8 (:mod:`.quantization`, ``convs2s-export --quantize int8``) is
-exported with its int8 weights, each linear layer one call of
-``torch.ops.convs2s.int8_linear`` (:mod:`convs2s_serving.int8_linear`, the kernel the plugin
-runs); what reads a layer's weights directly stays float32 there, as in the plugin. The
-first step reads the projected sources, where the plugin's reads them unprojected, through
-the attention's int8 layers: the hypotheses are mostly, not all, the plugin's int8 ones.
+exported with its int8 weights, each linear layer, and each attention's projections of the
+source, one call of ``torch.ops.convs2s.int8_linear`` (:mod:`convs2s_serving.int8_linear`,
+the kernel the plugin runs). The first step reads the projected sources, where the plugin's
+reads them unprojected, through the attention's int8 layers: the hypotheses are mostly, not
+all, the plugin's int8 ones.
 
 Exported: the whole vocabulary, and with ``--vocab-selection`` the candidate tables, which the
 runtime uses unless told not to (``convs2s-serve --no-vocab-selection``). Not exported:
@@ -61,7 +61,7 @@ from convs2s_serving.translator import FORMAT, OUTPUT_LAYER, SELECTION
 
 from ..modules.multistep_attention import ProjectedSource
 from ..modules.scaling import scaled_sum
-from .quantization import Int8Weights, quantize_weight
+from .quantization import Int8Buffers, Int8Weights, quantize_weight
 
 
 class SourceEncoding(nn.Module):
@@ -172,12 +172,12 @@ def int8_weights_stored(model):
     """The int8 layers' weights as persistent buffers while the model is exported (torch.export
     stores the others as constants, which the archive check refuses), non-persistent again
     after, as quantization made them."""
-    int8 = [module for module in model.modules() if isinstance(module, Int8Weights)]
+    int8 = [module for module in model.modules() if isinstance(module, Int8Buffers)]
 
     def registered(persistent):
         for module in int8:
-            module.register_buffer("weight_int8", module.weight_int8, persistent=persistent)
-            module.register_buffer("weight_scale", module.weight_scale, persistent=persistent)
+            for name in module.int8_buffers:
+                module.register_buffer(name, getattr(module, name), persistent=persistent)
 
     registered(True)
     try:

@@ -85,10 +85,18 @@ class MultiStepAttention(nn.Module):
         scale = conditional_input_scale(keys, padding_mask)
         return ProjectedSource(
             embedding_keys=(keys.transpose(1, 2) * SQRT_HALF).contiguous(),
-            keys=torch.matmul(self.in_projection.weight.transpose(0, 1), keys.transpose(1, 2)).mul_(SQRT_HALF),
+            keys=self.project_keys(keys),
             key_bias=key_bias.unsqueeze(1),
-            values=F.linear(values, self.out_projection.weight).mul_(scale).add(self.out_projection.bias),
+            values=self.project_values(values).mul_(scale).add(self.out_projection.bias),
         )
+
+    def project_keys(self, z):
+        """sqrt(0.5) W_d^T z_j for each row z_j of z (B x S x embed_dim): B x channels x S."""
+        return torch.matmul(self.in_projection.weight.transpose(0, 1), z.transpose(1, 2)).mul_(SQRT_HALF)
+
+    def project_values(self, v):
+        """W_c v_j, without b_c, for each row v_j of v (B x S x embed_dim): B x S x channels."""
+        return F.linear(v, self.out_projection.weight)
 
 
 def conditional_input_scale(keys, padding_mask):
