@@ -99,10 +99,38 @@ def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
 
 
-@functools.lru_cache(maxsize=None)
 def chosen_product() -> str:
     """The int8 product of this process: ``CONVS2S_INT8_PRODUCT`` if set, else measured
-    (:func:`probe_products`; the choice and its figures logged)."""
+    (:func:`probe_products`; the choice and its figures logged), unless
+    :func:`take_product_for_levels` took fbgemm instead."""
+    return _taken or _measured_or_pinned_product()
+
+
+_taken: Optional[str] = None  # the product take_product_for_levels took, if it took one
+_remembered = False  # whether the C++ operation runs a product chosen in this process (_operation)
+
+
+def take_product_for_levels(levels: int) -> None:
+    """Weights quantized to ``levels`` (an export's ``int8_weight_levels``) are to be multiplied in
+    this process: where its measured product, ``torch._int_mm``, does not sum them exactly
+    (127 where oneDNN runs without VNNI, which sums up to 63) and fbgemm, which sums them, is
+    there, fbgemm becomes the process's product (logged). An export made where the measurement
+    chose fbgemm (127) was refused where it chose ``torch._int_mm`` (63): on the same CPU, from
+    run to run, wherever the two measure close to PRODUCT_MARGIN (held to AVX2 on one thread,
+    2.0-2.4x). A pinned product stays, and so does one the C++ operation already runs: then
+    :func:`weight_levels` says the sums are not exact, and the export is refused."""
+    global _taken
+    exact = weight_levels()
+    if (exact is not None and levels <= exact) or os.environ.get(PRODUCT_ENV) or _remembered:
+        return
+    if fbgemm_available():
+        _taken = "fbgemm"
+        logger.info("int8 products: fbgemm, which sums weights of %d levels exactly where torch._int_mm "
+                    "sums up to %s on this CPU", levels, exact)
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_or_pinned_product() -> str:
     pinned = os.environ.get(PRODUCT_ENV)
     if pinned:
         if pinned not in PRODUCTS or (pinned == "fbgemm" and not fbgemm_available()):
@@ -368,9 +396,11 @@ def _operation(rows: torch.Tensor, weight_t: torch.Tensor, scale: torch.Tensor, 
     Once the C++ kernel is loaded, it serves the operation on the CPU (:func:`_serve_operation`)
     and hands this the calls it has no product for; this tells it the product chosen where it
     is one of the kernel's, which it then runs for those rows and weights without Python."""
+    global _remembered
     kernel = _kernel_for(rows)
     product = _product_for(len(rows), weight_t, kernel)
     if kernel is not None and product in ("few_rows", "int_mm") and rows.dim() == 2:
+        _remembered = True
         kernel.remember_product(rows, weight_t, product)
     return int8_linear(rows, weight_t, scale, bias, product=product)
 

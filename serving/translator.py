@@ -67,7 +67,9 @@ class ExportedModel:
             raise ValueError(f"{config_path}: format {found}, this runtime reads format {FORMAT}: "
                              "export the model again with this version's convs2s-export")
         if config.get("quantize") == "int8":  # before any program is loaded
-            levels, exact = config.get("int8_weight_levels", 127), int8_linear.weight_levels()
+            levels = config.get("int8_weight_levels", 127)
+            int8_linear.take_product_for_levels(levels)
+            exact = int8_linear.weight_levels()
             if exact is None or levels > exact:
                 sums = f"sums them exactly only up to {exact} (no VNNI)" if exact else "does not sum them exactly"
                 raise ValueError(f"{config_path}: its int8 weights reach {levels}, and this CPU's int8 product {sums}: "

@@ -367,3 +367,27 @@ def test_the_product_is_measured_logged_and_can_be_pinned():
         assert "int8 products:" not in proc.stdout  # pinned: nothing measured
     proc = chosen({int8_linear.PRODUCT_ENV: "vnni"})
     assert proc.returncode != 0 and "CONVS2S_INT8_PRODUCT='vnni': this torch has int_mm" in proc.stdout
+
+
+def test_weights_of_more_levels_than_the_measured_product_sums_take_fbgemm_unless_pinned():
+    """An export's 8-bit weights (127 levels) where torch._int_mm sums up to 63 (oneDNN held to
+    AVX2): unpinned, the process takes fbgemm, which sums them exactly, whichever product it
+    measured the faster (the two measure close there, and an export made where fbgemm won was
+    refused where torch._int_mm did); pinned to torch._int_mm, it stays, and the sums are not
+    exact (the export is refused)."""
+    code = ("from convs2s_serving import int8_linear as m\n"
+            "m.take_product_for_levels(127)\n"
+            "print(m.int_mm_levels(), m.chosen_product(), m.weight_levels())")
+    held = {k: v for k, v in os.environ.items() if k != int8_linear.PRODUCT_ENV}
+    held["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    for pinned in (None, "int_mm"):
+        env = held if pinned is None else {**held, int8_linear.PRODUCT_ENV: pinned}
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True, timeout=300, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        int_mm_levels, product, levels = proc.stdout.split()[-3:]
+        if pinned:
+            assert product == "int_mm" and levels == int_mm_levels
+        elif int8_linear.fbgemm_available():
+            assert levels == "127" and (product == "fbgemm" or int_mm_levels == "127"), proc.stdout
+
