@@ -74,6 +74,7 @@ from typing import Optional
 
 import torch
 from convs2s_recipes.score import bleu as sacrebleu_score
+from convs2s_serving.int8_linear import PRODUCT_ENV
 
 import fairseq_convs2s_ext
 from bench.data import cache_root, candidates, prepare, test_text
@@ -526,9 +527,35 @@ def quality(args, data_bin):
               f"{results[setting]['sentences/s']:.1f} sentences/s against {results['ours float32']['sentences/s']:.1f}")
 
 
+# Each library's switch that holds it below the CPU's instructions (docs/performance.md: hosts
+# held to AVX2). fbgemm, one of ours' int8 products, has none: it runs the CPU's own.
+INSTRUCTION_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def held_instructions(env=os.environ) -> dict:
+    """The instruction switches set for this run, and ours' int8 product where pinned."""
+    return {name: env[name] for name in (*INSTRUCTION_SWITCHES, PRODUCT_ENV) if env.get(name)}
+
+
+def unpinned_product_warning(held: dict) -> Optional[str]:
+    """Where instructions are held and ours' int8 product is not pinned, what to do: a process
+    that measures fbgemm the faster (a close call held to AVX2) multiplies with the CPU's own
+    instructions, and the run is not the held one."""
+    if any(name in held for name in INSTRUCTION_SWITCHES) and PRODUCT_ENV not in held:
+        return (f"warning: instructions held ({', '.join(f'{k}={v}' for k, v in held.items())}) with ours' int8 "
+                f"product unpinned: fbgemm, which a process may measure the faster, ignores the switches; "
+                f"set {PRODUCT_ENV}=int_mm")
+    return None
+
+
 def print_header(machine, args):
+    held = machine.get("held", {})
+    switches = "; " + " ".join(f"{k}={v}" for k, v in held.items()) if held else ""
     print(f"machine: {machine['cpu']}; torch.mm 2048^3 fp32 {machine['gflops']:.0f} GFLOP/s; {args.threads} threads; "
-          f"load average {machine['load before']} before")
+          f"load average {machine['load before']} before{switches}")
+    warning = unpinned_product_warning(held)
+    if warning:
+        print(warning, flush=True)
     print(f"commit {machine['commit']}; beam {args.beam}, batch {args.batch_size}, {machine['sentences']} sentences "
           f"of test_2016_flickr; models trained {args.train_minutes:g} minutes each", flush=True)
 
@@ -567,7 +594,8 @@ def main(argv=None):
     references = [test_text("de")[i] for i in ids]
     sentences = len(ids)
     machine = {"cpu": cpu_description(), "gflops": matmul_gflops(), "sentences": sentences,
-               "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+               "commit": source_commit(), "load before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+               "held": held_instructions()}
     log(f"translating {sentences} sentences with {len(systems)} systems, {args.repeats} passes each")
     print_header(machine, args)
 

@@ -15,7 +15,7 @@ pytest.importorskip("ctranslate2", reason="bench.serving's peer: pip install ctr
 from bench.generation import generation_batches  # noqa: E402
 from bench.models import convs2s_task, translation_task  # noqa: E402
 from bench.serving import (ONE_TRANSLATOR, PEER, CTranslate2System, ExportedSystem, FairseqSystem,  # noqa: E402
-                           converted, detokenized, vocabulary_map)
+                           converted, detokenized, held_instructions, unpinned_product_warning, vocabulary_map)
 from convs2s_preprocess.stages.align import build_align_dict, find_aligner  # noqa: E402
 from cli_helpers import run  # noqa: E402
 from fairseq import checkpoint_utils  # noqa: E402
@@ -224,3 +224,15 @@ def test_systems_chooses_the_systems_and_keeps_the_peer(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--systems", "ours int16"])
     assert "--systems: no system 'ours int16'; the systems are: CTranslate2 float32;" in capsys.readouterr().err
+
+
+def test_a_run_held_below_the_cpu_s_instructions_says_so_and_asks_to_pin_ours_int8_product():
+    """Held to AVX2 by the libraries' switches, ours' int8 product must be pinned: fbgemm has no
+    switch, and a process that measures it the faster runs the CPU's own instructions (five of
+    six single-thread processes did, held to AVX2 on an AMD EPYC with AVX-512 VNNI)."""
+    held = held_instructions({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "PATH": "/bin"})
+    assert held == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert "CONVS2S_INT8_PRODUCT=int_mm" in unpinned_product_warning(held)
+    assert unpinned_product_warning({**held, "CONVS2S_INT8_PRODUCT": "int_mm"}) is None
+    assert unpinned_product_warning(held_instructions({"PATH": "/bin"})) is None
+
