@@ -71,9 +71,9 @@ whole translation, ours float32 against int8 and against CTranslate2, on an idle
 ``bias`` (the same parameters, not copies) beside the int8 ones, and only its ``forward``
 multiplies in int8. The attention's projections of the source (once per sentence in a beam
 search), which read its layers' weights rather than call them, are int8 too
-(:class:`Int8Attention`). With vocabulary selection W_o's rows are int8 too: those every hypothesis is scored against
-(the batch's candidates, or those every sentence shares: the most common words, the rest's
-clusters) quantized once a batch and multiplied by the int8 kernel, and each sentence's own
+(:class:`Int8Attention`). With vocabulary selection W_o's rows are int8 too: those every
+hypothesis is scored against (the batch's candidates, or those every sentence shares: the most
+common words, the rest's clusters) quantized once a batch and multiplied by the int8 kernel, and each sentence's own
 words' int8 rows multiplied by its hypotheses as they are read. On the benchmark's model with
 selection (2 threads, AMD EPYC with VNNI, alternating in one process) the shared rows in int8
 took 495.3 sentences a second to 541.6 at equal work and 389.8 to 418.0 as trained; the own
