@@ -227,8 +227,9 @@ def test_an_int8_export_searches_as_the_plugins_int8_and_serves_without_its_kern
 
     prepared, checkpoint, _ = exported
     folder = tmp_path / "int8"
-    run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
+    said = run("convs2s-export", "--path", checkpoint, "--data", prepared, "-o", folder, "--quantize", "int8")
     assert json.loads((folder / "model.json").read_text())["quantize"] == "int8"
+    assert "Warning" not in said, said  # torch's packaging had a remark on a buffer that was a view
     targets = {}
     for name in ("encoder", "step"):
         with zipfile.ZipFile(folder / f"{name}.pt2") as archive:

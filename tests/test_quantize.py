@@ -177,7 +177,10 @@ def test_the_attentions_project_the_source_in_int8_close_to_float32():
         expected = [a.project_source(encoder_out) for a in model.decoder.attention if a is not None]
         quantize_([model], "int8")
         got = [a.project_source(encoder_out) for a in model.decoder.attention if a is not None]
-    assert all(isinstance(a, Int8Attention) for a in model.decoder.attention if a is not None)
+    attentions = [a for a in model.decoder.attention if a is not None]
+    assert all(isinstance(a, Int8Attention) for a in attentions)
+    # W_d^T's int8 rows stored as every int8 layer's, rows of output channels: the faster layout
+    assert all(a.keys_int8.is_contiguous() for a in attentions)
     for ours, theirs in zip(got, expected):
         for name in ("keys", "values"):
             a, b = getattr(ours, name), getattr(theirs, name)

@@ -230,7 +230,9 @@ class Int8Attention(Int8Buffers, MultiStepAttention):
         with torch.device("meta"):
             layer = cls(attention.in_projection.in_features, attention.in_projection.out_features)
         layer.in_projection, layer.out_projection = attention.in_projection, attention.out_projection
-        q, scale = quantize_weight(attention.in_projection.weight.detach().t())
+        # W_d^T stored as the int8 layers' weights are, rows of output channels (quantizing its
+        # transposed view kept that layout: the slower one, and a view torch's packaging remarked on)
+        q, scale = quantize_weight(attention.in_projection.weight.detach().t().contiguous())
         layer.set_int8_buffers(keys_int8=q, keys_scale=scale * SQRT_HALF, no_bias=torch.zeros_like(scale))
         return layer
 
