@@ -117,14 +117,14 @@ def test_a_sentence_alone_gets_the_batch_rule_s_row_by_its_shorter_way():
     for trial in range(50):
         vocabulary, sources = 60, 30
         aligned = torch.randint(0, vocabulary, (sources, 1 + trial % 5), generator=generator, dtype=torch.int32)
-        always = torch.cat([torch.arange(4), torch.randperm(vocabulary - 4, generator=generator)[:trial % 7] + 4]).sort().values
+        common = torch.randperm(vocabulary - 4, generator=generator)[:trial % 7] + 4
+        always = torch.cat([torch.arange(4), common]).sort().values
         src = torch.randint(0, sources, (1, 1 + trial % 9), generator=generator)
         row = rule.candidates_per_sentence(aligned, always, vocabulary, src)
         assert torch.equal(row, rule._batch(aligned, always, vocabulary, src)), trial
         words, width = rule.shared_columns(row)
-        word = row.max(0).values  # the batch rule's shared columns
-        shared = int(((row == word) | (row < 0)).all(0).cumprod(0).sum())
-        assert width == shared == row.size(1) and torch.equal(words, word[:shared].clamp(min=0)), trial
+        shared, shared_width = rule._shared_of_batch(row)
+        assert width == shared_width == row.size(1) and torch.equal(words, shared), trial
 
 
 def test_per_sentence_candidates_translate_each_sentence_as_alone():
